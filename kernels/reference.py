@@ -1,0 +1,85 @@
+"""Torch reference for paged attention: the oracle for the Triton kernels, and the CPU path."""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [N, B, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """Scatter the new tokens' keys and values into their cache slots."""
+    num_blocks, block_size = k_cache.shape[:2]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slot_mapping] = key.to(k_cache.dtype)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slot_mapping] = value.to(v_cache.dtype)
+
+
+def first_visible_position(seq_len: int, q_len: int, window: int | None) -> int:
+    """The oldest key position any of the last q_len queries can see."""
+    if window is None:
+        return 0
+    return max(0, seq_len - q_len - window + 1)
+
+
+def _gather_context(cache, table, first_block, num_blocks):
+    # cache: [N, B, Hkv, D]; -> [num_blocks * B, Hkv, D]
+    ids = table[first_block : first_block + num_blocks].long()
+    return cache[ids].flatten(0, 1)
+
+
+def _attend(q, k, v, q_pos, k_pos, window, scale):
+    # q: [Tq, H, D], k/v: [Tk, Hkv, D]; positions are absolute token positions.
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        visible &= k_pos[None, :] > q_pos[:, None] - window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.float())
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, H, D]
+    k_cache: torch.Tensor,  # [N, B, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    seq_lens: torch.Tensor,  # [S] int32
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    scale: float,
+    window: int | None = None,
+    out: torch.Tensor | None = None,  # [T, H, D]
+) -> torch.Tensor:
+    """Varlen attention of each sequence's new queries over its paged context.
+
+    Covers decode (every q_len is 1) and chunked prefill with the same rule. Only blocks
+    that hold a visible position are gathered, so freed blocks are never read.
+    """
+    if out is None:
+        out = torch.empty_like(query)
+    block_size = k_cache.shape[1]
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        q_start, q_end = starts[i], starts[i + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        first = first_visible_position(seq_len, q_len, window)
+        first_block = first // block_size
+        num_blocks = (seq_len + block_size - 1) // block_size - first_block
+        k = _gather_context(k_cache, block_tables[i], first_block, num_blocks)
+        v = _gather_context(v_cache, block_tables[i], first_block, num_blocks)
+        base = first_block * block_size
+        k, v = k[: seq_len - base], v[: seq_len - base]
+        k_pos = torch.arange(base, seq_len)
+        q_pos = torch.arange(seq_len - q_len, seq_len)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_pos, k_pos, window, scale).to(out.dtype)
+    return out
