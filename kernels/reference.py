@@ -56,6 +56,7 @@ def paged_attention(
     scale: float,
     window: int | None = None,
     out: torch.Tensor | None = None,  # [T, H, D]
+    max_query_len: int | None = None,  # a hint for the kernels' choice; unused here
 ) -> torch.Tensor:
     """Varlen attention of each sequence's new queries over its paged context.
 
@@ -64,6 +65,9 @@ def paged_attention(
     """
     if out is None:
         out = torch.empty_like(query)
+    if query.shape[0] == seq_lens.shape[0]:  # every sequence has one query: batched decode
+        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window))
+        return out
     block_size = k_cache.shape[1]
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -79,7 +83,31 @@ def paged_attention(
         v = _gather_context(v_cache, block_tables[i], first_block, num_blocks)
         base = first_block * block_size
         k, v = k[: seq_len - base], v[: seq_len - base]
-        k_pos = torch.arange(base, seq_len)
-        q_pos = torch.arange(seq_len - q_len, seq_len)
+        k_pos = torch.arange(base, seq_len, device=query.device)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
         out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_pos, k_pos, window, scale).to(out.dtype)
     return out
+
+
+def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window):
+    """All sequences at once, gathering only the blocks each one's window can see."""
+    num_seqs, heads, dim = query.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    lens = seq_lens.long()
+    first = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
+    first_block = first // block_size
+    num_blocks = (lens + block_size - 1) // block_size - first_block
+    width = int(num_blocks.max())
+    logical = first_block[:, None] + torch.arange(width)[None, :]  # [S, W]
+    logical = logical.clamp(max=block_tables.shape[1] - 1)
+    ids = block_tables.long().gather(1, logical)
+    pos = first_block[:, None] * block_size + torch.arange(width * block_size)[None, :]  # [S, L]
+    valid = (pos < lens[:, None]) & (pos >= first[:, None])
+    valid &= (torch.arange(width)[None, :] < num_blocks[:, None]).repeat_interleave(block_size, dim=1)
+    k = k_cache[ids].flatten(1, 2).float()  # [S, L, Hkv, D]
+    v = v_cache[ids].flatten(1, 2).float().masked_fill(~valid[:, :, None, None], 0.0)
+    q = query.float().view(num_seqs, kv_heads, heads // kv_heads, dim)
+    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("skgl,slkd->skgd", probs, v).reshape(num_seqs, heads, dim)

@@ -1,0 +1,5 @@
+import sys
+
+from rill.cli import main
+
+sys.exit(main())

@@ -1,0 +1,109 @@
+"""The `rill` command: serve, chat, generate, bench, train-tiny, eval-tiny."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _env(name: str, default=None, kind=str):
+    value = os.environ.get(f"RILL_{name}")
+    return default if value is None else kind(value)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default=_env("DTYPE"), choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=_env("DEVICE", "cpu"))
+    p.add_argument("--max-model-len", type=int, default=_env("MAX_MODEL_LEN", None, int))
+    p.add_argument("--num-kv-blocks", type=int, default=_env("NUM_KV_BLOCKS", None, int), help="KV budget in blocks")
+    p.add_argument("--kv-cache-gb", type=float, default=_env("KV_CACHE_GB", 2.0, float), help="KV budget in GiB")
+    p.add_argument("--block-size", type=int, default=_env("BLOCK_SIZE", 16, int))
+    p.add_argument("--max-num-seqs", type=int, default=_env("MAX_NUM_SEQS", 256, int), help="max running requests")
+    p.add_argument("--max-num-batched-tokens", type=int, default=_env("MAX_NUM_BATCHED_TOKENS", 2048, int))
+    p.add_argument("--no-prefix-caching", action="store_true", default=bool(_env("NO_PREFIX_CACHING", "")))
+    p.add_argument("--chat-template", default=_env("CHAT_TEMPLATE"), help="file with a Jinja chat template")
+
+
+def engine_config(args):
+    from rill.config import EngineConfig
+
+    template = None
+    if args.chat_template:
+        with open(args.chat_template) as f:
+            template = f.read()
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching, chat_template=template,
+    )
+
+
+def _cmd_generate(args) -> int:
+    from rill.offline import LLM
+    from rill.sampling_params import SamplingParams
+
+    llm = LLM(**vars(engine_config(args)))
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    if args.command == "chat":
+        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+    else:
+        outs = llm.generate(args.prompts, params)
+    for out in outs:
+        if args.json:
+            print(json.dumps({"prompt": out.prompt, "text": out.outputs[0].text,
+                              "finish_reason": out.outputs[0].finish_reason}))
+        else:
+            print(out.outputs[0].text)
+    return 0
+
+
+def _forward(module: str):
+    def run(args) -> int:
+        import importlib
+
+        return importlib.import_module(module).main(args.rest) or 0
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rill", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("chat", "generate"):
+        p = sub.add_parser(name, help=f"offline {name}: print the answer to each prompt")
+        p.add_argument("prompts", nargs="+")
+        p.add_argument("--model", default=_env("MODEL", "rill-tiny"))
+        p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--max-tokens", type=int, default=128)
+        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--json", action="store_true", help="one JSON object per line")
+        add_engine_args(p)
+        p.set_defaults(func=_cmd_generate)
+    for name, module, text in (
+        ("train-tiny", "rill.tiny.train", "train rill-tiny from scratch (see its --help)"),
+        ("eval-tiny", "rill.tiny.evaluate", "held-out accuracy of rill-tiny per task family"),
+        ("bench", "rill.bench", "benchmarks: throughput, streaming-input, scheduler (see --help)"),
+    ):
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_forward(module))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rill.errors import RillError
+
+    try:
+        return args.func(args)
+    except RillError as exc:
+        print(f"rill: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

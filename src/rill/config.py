@@ -1,0 +1,28 @@
+"""EngineConfig: what the engine needs to start. The CLI and RILL_* variables fill it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str = "rill-tiny"  # "rill-tiny" or a local Hugging Face directory
+    dtype: str | None = None  # float32 | bfloat16 | float16; None: the checkpoint's own
+    device: str = "cpu"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # KV budget in blocks; None: derive from kv_cache_bytes
+    kv_cache_bytes: int = 2 << 30
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    chat_template: str | None = None  # template text overriding the tokenizer's
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -1,0 +1,238 @@
+"""The trio bridge: one worker thread owns EngineCore; trio tasks talk to it through a
+thread-safe inbox and get each step's outputs back in one cross-thread call.
+
+    async with rill.open_engine(EngineConfig()) as engine:
+        async for delta in engine.generate(prompt_ids, params):
+            ...
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import queue
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import trio
+
+from rill.config import EngineConfig
+from rill.engine.core import EngineCore
+from rill.errors import EngineDeadError, RillError
+from rill.outputs import RequestDelta
+from rill.sampling_params import SamplingParams
+
+log = logging.getLogger("rill.engine")
+
+
+# Messages into the worker: small frozen structs (STYLE.md principle 6).
+class Submit(msgspec.Struct, frozen=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class OpenSession(msgspec.Struct, frozen=True):
+    request_id: str
+    params: SamplingParams
+    start_after_tokens: int | None
+    respond_per_chunk: bool
+    prompt_token_ids: list[int] = []
+
+
+class Append(msgspec.Struct, frozen=True):
+    request_id: str
+    token_ids: list[int]
+
+
+class FinishInput(msgspec.Struct, frozen=True):
+    request_id: str
+    max_tokens: int | None = None
+
+
+class Abort(msgspec.Struct, frozen=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, frozen=True):
+    pass
+
+
+class AsyncEngine:
+    """Trio-side handle. submit/append/finish/abort are non-blocking and thread-safe."""
+
+    def __init__(self, core: EngineCore, trio_token: trio.lowlevel.TrioToken):
+        self.core = core
+        self.tokenizer = core.tokenizer
+        self._token = trio_token
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, trio.MemorySendChannel] = {}
+        self._n: dict[str, int] = {}  # samples per live request
+        self._done: dict[str, set[int]] = {}  # finished sample indices per live request
+        self._ids = itertools.count()
+        self.dead: BaseException | None = None
+        self.stats = core.snapshot()  # refreshed once per step, read by /metrics
+        self.num_deliveries = 0
+
+    # -- trio side ----------------------------------------------------------------------------
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead is None
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def _send(self, msg) -> None:
+        self._inbox.put(msg)
+        self._wake.set()
+
+    def _open_stream(self, request_id: str) -> trio.MemoryReceiveChannel:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead!r}")
+        if request_id in self._streams:
+            raise RillError(f"request id {request_id!r} is already live")
+        # Unbounded on purpose: the engine never blocks on a slow reader, and a request's
+        # deltas are bounded by its own max_tokens.
+        send, recv = trio.open_memory_channel(math.inf)
+        self._streams[request_id] = send
+        return recv
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
+        recv = self._open_stream(request_id)
+        self._n[request_id] = params.n
+        self._send(Submit(request_id, list(prompt_token_ids), params))
+        return recv
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """Length validation before submitting (reads only the engine's immutable limits)."""
+        return self.core.check_fits(num_prompt_tokens, max_tokens)
+
+    def open_session(self, request_id, params, *, start_after_tokens=1, respond_per_chunk=False, prompt_token_ids=()):
+        recv = self._open_stream(request_id)
+        self._send(OpenSession(request_id, params, start_after_tokens, respond_per_chunk, list(prompt_token_ids)))
+        return recv
+
+    def append(self, request_id: str, token_ids: list[int]) -> None:
+        self._send(Append(request_id, list(token_ids)))
+
+    def finish(self, request_id: str, max_tokens: int | None = None) -> None:
+        self._send(FinishInput(request_id, max_tokens))
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent. The request's KV is free by the end of the engine's next step."""
+        send = self._streams.pop(request_id, None)
+        self._n.pop(request_id, None)
+        self._done.pop(request_id, None)
+        if send is not None:
+            send.close()
+        self._send(Abort(request_id))
+
+    async def generate(self, prompt_token_ids, params: SamplingParams, request_id: str | None = None) -> AsyncIterator[RequestDelta]:
+        """Deltas until every sample finishes; leaving early (or cancellation) aborts."""
+        request_id = request_id or self.new_request_id()
+        recv = self.submit(request_id, prompt_token_ids, params)
+        try:
+            async with recv:
+                async for delta in recv:
+                    yield delta
+        finally:
+            self.abort(request_id)
+
+    def _deliver(self, deltas: list[RequestDelta], stats) -> None:
+        # Runs in the trio thread, once per engine step.
+        self.stats = stats
+        self.num_deliveries += 1
+        for delta in deltas:
+            send = self._streams.get(delta.request_id)
+            if send is None:
+                continue  # aborted on this side already
+            send.send_nowait(delta)
+            if delta.error is not None or (delta.finished and self._all_done(delta)):
+                self._streams.pop(delta.request_id).close()
+                self._n.pop(delta.request_id, None)
+                self._done.pop(delta.request_id, None)
+
+    def _all_done(self, delta: RequestDelta) -> bool:
+        done = self._done.setdefault(delta.request_id, set())
+        done.add(delta.index)
+        return len(done) >= self._n.get(delta.request_id, 1)
+
+    def _fail_all(self, error: BaseException) -> None:
+        self.dead = error
+        for request_id, send in list(self._streams.items()):
+            send.send_nowait(RequestDelta(request_id, 0, [], "", finish_reason="error", error=f"engine failed: {error!r}"))
+            send.close()
+        self._streams.clear()
+
+    # -- worker thread ----------------------------------------------------------------------------
+
+    def run_worker(self) -> None:
+        try:
+            while self._apply_inbox():
+                if self.core.has_work or self.core._pending:
+                    deltas = self.core.step()
+                    self._token.run_sync_soon(self._deliver, deltas, self.core.snapshot())
+                else:
+                    self._wake.wait()
+                    self._wake.clear()
+        except BaseException as exc:  # the engine must never leave a caller hanging
+            log.exception("engine worker died")
+            self._token.run_sync_soon(self._fail_all, exc)
+
+    def _apply_inbox(self) -> bool:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            if isinstance(msg, Shutdown):
+                return False
+            self._apply(msg)
+
+    def _apply(self, msg) -> None:
+        core = self.core
+        try:
+            match msg:
+                case Submit():
+                    core.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
+                case OpenSession():
+                    core.open_session(
+                        msg.request_id, msg.params, start_after_tokens=msg.start_after_tokens,
+                        respond_per_chunk=msg.respond_per_chunk, prompt_token_ids=msg.prompt_token_ids,
+                    )
+                case Append():
+                    core.append_input(msg.request_id, msg.token_ids)
+                case FinishInput():
+                    core.finish_input(msg.request_id, msg.max_tokens)
+                case Abort():
+                    core.abort(msg.request_id)
+        except RillError as exc:
+            # A bad request fails alone; the engine goes on.
+            if not isinstance(msg, Abort):
+                core.abort(msg.request_id)
+                error = RequestDelta(msg.request_id, 0, [], "", finish_reason="error", error=str(exc))
+                self._token.run_sync_soon(self._deliver, [error], core.snapshot())
+
+    def shutdown(self) -> None:
+        self._send(Shutdown())
+
+
+@asynccontextmanager
+async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[AsyncEngine]:
+    """Load the model (in a thread), run the engine's worker thread for the block's duration."""
+    config = config or EngineConfig()
+    core = await trio.to_thread.run_sync(EngineCore, config)
+    engine = AsyncEngine(core, trio.lowlevel.current_trio_token())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: trio.to_thread.run_sync(engine.run_worker, limiter=trio.CapacityLimiter(1))
+        )
+        try:
+            yield engine
+        finally:
+            engine.shutdown()

@@ -1,0 +1,291 @@
+"""EngineCore: the synchronous, I/O-free heart of rill. One `step()` schedules, runs the
+model once, samples, detokenizes and returns what changed. The worker thread drives it;
+tests and the offline LLM can drive it directly."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rill.config import EngineConfig
+from rill.engine.block_manager import BlockManager
+from rill.engine.model_runner import ModelRunner
+from rill.engine.sampler import SampledToken, Sampler, make_generator
+from rill.engine.scheduler import ScheduledBatch, Scheduler
+from rill.engine.sequence import FinishReason, Sequence, Status
+from rill.engine.stats import EngineStats
+from rill.errors import ValidationError
+from rill.models.loader import load
+from rill.outputs import RequestDelta, TokenLogprob
+from rill.sampling_params import SamplingParams
+from rill.tokenizer import Detokenizer, Tokenizer
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.model_dir, self.model_config, self.generation_config, model = load(config.model, config.dtype, config.device)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir, chat_template=config.chat_template)
+        cfg = self.model_config
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.window = cfg.sliding_window
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // (cfg.kv_bytes_per_token * config.block_size))
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        eos = set(cfg.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
+        self.eos_token_ids = frozenset(eos)
+        sampler = Sampler(self.eos_token_ids, cfg.vocab_size)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, sampler)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
+        self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
+        self.stats = EngineStats()
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def max_blocks_per_seq(self, num_tokens: int) -> int:
+        """Blocks one sequence of num_tokens can hold at once (the window bounds it)."""
+        bs = self.config.block_size
+        if self.window is not None:
+            num_tokens = min(num_tokens, self.window + self.config.max_num_batched_tokens + bs)
+        return (num_tokens + bs - 1) // bs
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """Validate lengths; return the output budget (max_tokens capped by the model length)."""
+        if num_prompt_tokens < 1:
+            raise ValidationError("the prompt is empty", param="prompt")
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise ValidationError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{num_prompt_tokens} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and max_tokens > room:
+            raise ValidationError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{num_prompt_tokens} tokens and max_tokens is {max_tokens} ({num_prompt_tokens + max_tokens} in all)",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        budget = room if max_tokens is None else max_tokens
+        if self.max_blocks_per_seq(num_prompt_tokens + budget) > self.block_manager.num_blocks:
+            raise ValidationError(
+                f"the request needs {self.max_blocks_per_seq(num_prompt_tokens + budget)} KV blocks but the cache "
+                f"has {self.block_manager.num_blocks}; lower max_tokens or raise the KV budget",
+                param="max_tokens",
+                code="kv_cache_too_small",
+            )
+        return budget
+
+    def _new_sequences(self, request_id, prompt_token_ids, params, max_tokens, **session) -> list[Sequence]:
+        if request_id in self.requests:
+            raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
+        seqs = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            seqs.append(
+                Sequence(
+                    request_id, i, prompt_token_ids, params,
+                    block_size=self.config.block_size, max_tokens=max_tokens,
+                    detokenizer=self._detokenizer(prompt_token_ids, params),
+                    generator=make_generator(seed), **session,
+                )
+            )
+        self.requests[request_id] = seqs
+        return seqs
+
+    def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Detokenizer:
+        return Detokenizer(
+            self.tokenizer,
+            prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        max_tokens = self.check_fits(len(prompt_token_ids), params.max_tokens)
+        for seq in self._new_sequences(request_id, list(prompt_token_ids), params, max_tokens):
+            self.scheduler.add(seq)
+        self.stats.num_prompt_tokens += len(prompt_token_ids) * params.n
+
+    # -- streaming-input sessions (anchor requests) ----------------------------------------------
+
+    def open_session(
+        self, request_id: str, params: SamplingParams, *, start_after_tokens: int | None = 1,
+        respond_per_chunk: bool = False, prompt_token_ids: list[int] = (),
+    ) -> None:
+        """A request whose prompt arrives in chunks. It joins the scheduler once it holds
+        start_after_tokens tokens (None: only at end of input); until then it costs nothing."""
+        if params.n != 1:
+            raise ValidationError("streaming input supports n=1 only", param="n")
+        (seq,) = self._new_sequences(
+            request_id, list(prompt_token_ids), params, self.max_model_len,
+            input_open=True, respond_per_chunk=respond_per_chunk, start_after_tokens=start_after_tokens,
+        )
+        self.sessions[request_id] = seq
+        self._maybe_start(seq)
+
+    def append_input(self, request_id: str, token_ids: list[int]) -> None:
+        seq = self._session_seq(request_id)
+        if seq.num_tokens + len(token_ids) >= self.max_model_len:
+            raise ValidationError(
+                f"streamed input reaches {seq.num_tokens + len(token_ids)} tokens; this model's maximum "
+                f"context length is {self.max_model_len}",
+                param="input", code="context_length_exceeded",
+            )
+        seq.extend_input(token_ids)
+        self.stats.num_prompt_tokens += len(token_ids)
+        self._new_turn(seq)
+        self._maybe_start(seq)
+
+    def finish_input(self, request_id: str, max_tokens: int | None = None) -> None:
+        """End of input: the session answers (respond_at_end) or finishes its current turn."""
+        seq = self._session_seq(request_id)
+        budget = self.check_fits(seq.num_tokens, max_tokens if max_tokens is not None else seq.params.max_tokens)
+        seq.max_tokens = budget
+        seq.input_open = False
+        if seq.awaiting_input:  # respond_per_chunk, and the last chunk's answer is complete
+            self._pending.append(self._delta(seq, [], "", None, FinishReason.STOP))
+            self._end(seq, FinishReason.STOP)
+            return
+        if not seq.respond_per_chunk:
+            self._new_turn(seq)
+        self._maybe_start(seq)
+
+    def _new_turn(self, seq: Sequence) -> None:
+        """Output restarts after new input: fresh detokenizer, TTFT measured from now."""
+        seq.output_start = seq.num_tokens
+        seq.detokenizer = self._detokenizer(seq.token_ids, seq.params)
+        seq.arrival_time, seq.first_token_time = time.monotonic(), None
+        self.scheduler.unpark(seq)
+
+    def _session_seq(self, request_id: str) -> Sequence:
+        seqs = self.requests.get(request_id)
+        if not seqs or not seqs[0].input_open:
+            raise ValidationError(f"no open streaming session {request_id!r}", param="session_id")
+        return seqs[0]
+
+    def _maybe_start(self, seq: Sequence) -> None:
+        if self.sessions.get(seq.request_id) is not seq or seq.num_tokens == 0:
+            return
+        threshold = seq.start_after_tokens
+        if not seq.input_open or (threshold is not None and seq.num_tokens >= threshold):
+            del self.sessions[seq.request_id]
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Idempotent: drop the request and free its KV now. Returns whether it was live."""
+        seqs = self.requests.pop(request_id, None)
+        self.sessions.pop(request_id, None)
+        if seqs is None:
+            return False
+        for seq in seqs:
+            if not seq.is_finished:
+                self.scheduler.remove(seq)
+                seq.finish_reason = FinishReason.ABORT
+        self.stats.num_aborted += 1
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return any(s.num_pending_tokens for s in self.scheduler.running) or bool(self.scheduler.waiting)
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestDelta]:
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        self.stats.num_preemptions += batch.num_preempted
+        if batch.is_empty:
+            return pending
+        committed = [seq.num_computed_tokens for seq in batch.seqs]
+        sampling = [
+            seq for seq, n in zip(batch.seqs, batch.num_new_tokens)
+            if seq.num_computed_tokens + n == seq.num_tokens and seq.wants_output
+        ]
+        sampled = self.runner.execute(batch, sampling)
+        self._advance(batch, committed)
+        deltas = [self._on_token(seq, tok) for seq, tok in zip(sampling, sampled)]
+        self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
+        return pending + deltas
+
+    def _advance(self, batch: ScheduledBatch, committed: list[int]) -> None:
+        for seq, n, before in zip(batch.seqs, batch.num_new_tokens, committed):
+            seq.num_computed_tokens += n
+            self.block_manager.commit_full_blocks(seq, before)
+            if self.window is not None:
+                self.block_manager.free_outside_window(seq, self.window)
+
+    def _on_token(self, seq: Sequence, tok: SampledToken) -> RequestDelta:
+        now = time.monotonic()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.stats.record_ttft(now - seq.arrival_time)
+        else:
+            self.stats.record_itl(now - seq.last_token_time)
+        seq.last_token_time = now
+        seq.append_token(tok.token_id)
+        self.stats.num_generation_tokens += 1
+        text = seq.detokenizer.add(tok.token_id)
+        reason = self._finish_reason(seq, tok.token_id)
+        if reason is not None:
+            if seq.stop_reason is None or isinstance(seq.stop_reason, int):
+                text += seq.detokenizer.flush()
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs = [TokenLogprob(tok.token_id, tok.logprob, tok.rank, tok.top_logprobs)]
+        delta = self._delta(seq, [tok.token_id], text, logprobs, reason)
+        if reason is not None:
+            self._end(seq, reason)
+        return delta
+
+    def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason | None) -> RequestDelta:
+        turn_only = reason is not None and self._ends_turn_only(seq)
+        return RequestDelta(
+            seq.request_id, seq.index, token_ids, text, logprobs,
+            finish_reason=reason.value if reason and not turn_only else None,
+            turn_finish_reason=reason.value if turn_only else None,
+            stop_reason=seq.stop_reason if reason else None,
+            num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+        )
+
+    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.params
+        min_reached = seq.num_output_tokens > params.min_tokens
+        if token_id in self.eos_token_ids and not params.ignore_eos and min_reached:
+            return FinishReason.STOP
+        if token_id in params.stop_token_ids and min_reached:
+            seq.stop_reason = token_id
+            return FinishReason.STOP
+        if seq.detokenizer.stop_reason is not None:
+            seq.stop_reason = seq.detokenizer.stop_reason
+            return FinishReason.STOP
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _ends_turn_only(self, seq: Sequence) -> bool:
+        return seq.input_open and seq.respond_per_chunk
+
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
+        if self._ends_turn_only(seq):
+            seq.awaiting_input = True  # the session lives on; its KV stays for the next chunk
+            return
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
+        seqs = self.requests.get(seq.request_id, [])
+        if all(s.is_finished for s in seqs):
+            self.requests.pop(seq.request_id, None)
+            self.stats.num_finished += 1
+
+    # -- stats ------------------------------------------------------------------------------------
+
+    def snapshot(self):
+        return self.stats.snapshot(self.scheduler, self.block_manager)

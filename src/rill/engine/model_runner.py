@@ -1,0 +1,68 @@
+"""Turns a scheduled batch into tensors, runs the decoder over the paged KV cache, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from rill.engine.sampler import SampledToken, Sampler
+from rill.engine.scheduler import ScheduledBatch
+from rill.engine.sequence import Sequence
+from rill.models.attention import AttentionMetadata
+from rill.models.llama import CausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, sampler: Sampler):
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.sampler = sampler
+        self.device = model.embed_tokens.weight.device
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=cfg.dtype, device=self.device), torch.zeros(shape, dtype=cfg.dtype, device=self.device))
+            for _ in range(cfg.num_layers)
+        ]
+
+    def _prepare(self, batch: ScheduledBatch):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        starts = [0]
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            begin = seq.num_computed_tokens
+            end = begin + num_new
+            input_ids.extend(seq.token_ids[begin:end])
+            positions.extend(range(begin, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
+            seq_lens.append(end)
+            starts.append(starts[-1] + num_new)
+        width = max(len(s.block_table) for s in batch.seqs)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            max_query_len=max(batch.num_new_tokens),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        return ids, pos, meta, starts
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, sampling: list[Sequence]) -> list[SampledToken]:
+        """Run one step; return a sampled token for each sequence in `sampling` (a subset of batch)."""
+        ids, pos, meta, starts = self._prepare(batch)
+        hidden = self.model(ids, pos, self.kv_caches, meta)
+        if not sampling:
+            return []
+        index = {id(seq): starts[i + 1] - 1 for i, seq in enumerate(batch.seqs)}
+        last = torch.tensor([index[id(seq)] for seq in sampling], device=self.device)
+        logits = self.model.compute_logits(hidden[last])
+        # A Sequence has the SamplingRow fields; its token lists are only sliced if a penalty reads them.
+        return self.sampler(logits, sampling)

@@ -1,0 +1,126 @@
+"""FCFS continuous batching with chunked prefill under a per-step token budget.
+
+Running sequences are served first (decodes and unfinished prefill chunks), then waiting
+ones are admitted in arrival order while the budget, max_num_seqs and KV blocks allow.
+When blocks run out, the newest unscheduled running sequence is preempted by recompute;
+idle streaming sessions are preempted before anyone else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from rill.engine.block_manager import BlockManager
+from rill.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_preempted: int = 0
+
+    def add(self, seq: Sequence, num_new: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.parked: list[Sequence] = []  # idle sessions preempted under pressure, back on new input
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.parked)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out and free its blocks."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.parked:
+            self.parked.remove(seq)
+        seq.status = Status.FINISHED
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        scheduled: set[int] = set()
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            num_new = min(seq.num_pending_tokens, budget)
+            if seq.status is not Status.RUNNING or num_new == 0:
+                continue
+            if self._make_room(seq, num_new, scheduled, batch):
+                self.block_manager.append(seq, num_new)
+                batch.add(seq, num_new)
+                scheduled.add(id(seq))
+                budget -= num_new
+        self._admit(batch, budget)
+        return batch
+
+    def _make_room(self, seq: Sequence, num_new: int, scheduled: set[int], batch: ScheduledBatch) -> bool:
+        while not self.block_manager.can_append(seq, num_new):
+            victim = self._pick_victim(seq, scheduled)
+            self._preempt(victim or seq)
+            batch.num_preempted += 1
+            if victim is None:
+                return False
+        return True
+
+    def _pick_victim(self, seq: Sequence, scheduled: set[int]) -> Sequence | None:
+        candidates = [s for s in reversed(self.running) if s is not seq and id(s) not in scheduled]
+        idle = [s for s in candidates if s.is_idle]
+        return (idle or candidates or [None])[0]
+
+    def _preempt(self, seq: Sequence) -> None:
+        idle = seq.is_idle
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        if idle:
+            self.parked.append(seq)
+        else:
+            self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def unpark(self, seq: Sequence) -> None:
+        """New input for a parked session: queue it to recompute its KV and go on."""
+        if seq in self.parked:
+            self.parked.remove(seq)
+            self.waiting.append(seq)
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hit = bm.match_prefix(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens = hit
+            num_new = min(seq.num_pending_tokens, budget)
+            if not bm.can_append(seq, num_new):
+                bm.free(seq)
+                seq.num_computed_tokens = seq.num_cached_tokens = 0
+                break  # first come, first served: nobody overtakes the head of the queue
+            bm.append(seq, num_new)
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            batch.add(seq, num_new)
+            budget -= num_new

@@ -1,0 +1,164 @@
+"""ModelConfig: the parts of a Hugging Face config.json that rill's decoder needs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rill.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    kind: str  # "default" | "linear" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    layer_windows: tuple[int | None, ...]  # per layer: sliding window in tokens, or None for full attention
+    dtype: torch.dtype
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The window when every layer slides with the same one (the case where KV blocks can be freed)."""
+        windows = set(self.layer_windows)
+        return self.layer_windows[0] if len(windows) == 1 else None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+
+def _field(cfg: dict, name: str, file: Path, kind=int):
+    if name not in cfg or cfg[name] is None:
+        raise ModelLoadError(f"{file}: required field '{name}' is missing")
+    try:
+        return kind(cfg[name])
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"{file}: field '{name}' has an invalid value {cfg[name]!r}") from None
+
+
+def _rope(cfg: dict, file: Path) -> RopeConfig:
+    # transformers 5 writes rope_parameters; older configs write rope_theta + rope_scaling.
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind not in ("default", "linear", "llama3"):
+        raise ModelLoadError(f"{file}: rope type {kind!r} is not supported (supported: default, linear, llama3)")
+    if kind == "default":
+        return RopeConfig(theta, kind)
+    return RopeConfig(
+        theta,
+        kind,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
+    window = cfg.get("sliding_window")
+    if arch == "LlamaForCausalLM" or not window:
+        return (None,) * num_layers
+    if arch == "MistralForCausalLM":
+        return (int(window),) * num_layers
+    layer_types = cfg.get("layer_types")
+    if layer_types:
+        return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
+    if not cfg.get("use_sliding_window", False):
+        return (None,) * num_layers
+    first = int(cfg.get("max_window_layers", num_layers))
+    return tuple(int(window) if i >= first else None for i in range(num_layers))
+
+
+def _eos_ids(cfg: dict, generation: dict) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (generation.get("eos_token_id"), cfg.get("eos_token_id")):
+        for i in source if isinstance(source, list) else [source]:
+            if i is not None and i not in ids:
+                ids.append(int(i))
+    return tuple(ids)
+
+
+def load_model_config(model_dir: Path, generation: dict | None = None, dtype: str | None = None) -> ModelConfig:
+    file = model_dir / "config.json"
+    if not file.is_file():
+        raise ModelLoadError(f"{model_dir}: config.json not found (expected a Hugging Face model directory)")
+    try:
+        cfg = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{file}: not valid JSON ({e})") from None
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ModelLoadError(
+            f"{file}: architectures {archs} not supported; rill supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelLoadError(f"{file}: hidden_act {act!r} is not supported (only silu)")
+    hidden = _field(cfg, "hidden_size", file)
+    heads = _field(cfg, "num_attention_heads", file)
+    num_layers = _field(cfg, "num_hidden_layers", file)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{file}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    dtype_name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    if dtype_name not in _DTYPES:
+        raise ModelLoadError(f"{file}: dtype {dtype_name!r} not supported (float32, bfloat16, float16)")
+    is_qwen2 = arch == "Qwen2ForCausalLM"
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=_field(cfg, "vocab_size", file),
+        hidden_size=hidden,
+        intermediate_size=_field(cfg, "intermediate_size", file),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope=_rope(cfg, file),
+        max_position_embeddings=_field(cfg, "max_position_embeddings", file),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=is_qwen2 or bool(cfg.get("attention_bias", False)),
+        o_bias=(not is_qwen2) and bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=arch == "Qwen3ForCausalLM",
+        layer_windows=_layer_windows(cfg, arch, num_layers),
+        dtype=_DTYPES[dtype_name],
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_eos_ids(cfg, generation or {}),
+    )

@@ -1,0 +1,120 @@
+"""Load a local Hugging Face model directory into rill's decoder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from rill.errors import ModelLoadError
+from rill.models.config import ModelConfig, load_model_config
+from rill.models.llama import CausalLM
+from rill.models.rope import inverse_frequencies
+
+# rill's fused parameters and the Hugging Face tensors concatenated into them, in order.
+_FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    """`rill-tiny` names the embedded model; anything else is a local directory."""
+    if str(model) == "rill-tiny":
+        from rill.assets import RILL_TINY_DIR
+
+        return RILL_TINY_DIR
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {str(model)!r} does not exist (rill loads local directories only)")
+    return path
+
+
+def load_generation_config(model_dir: Path) -> dict:
+    file = model_dir / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{file}: not valid JSON ({e})") from None
+
+
+class _Checkpoint:
+    """Tensor name -> shard file, from model.safetensors or a sharded index."""
+
+    def __init__(self, model_dir: Path):
+        single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ModelLoadError(f"{index}: missing 'weight_map'")
+            self.files = {name: model_dir / shard for name, shard in weight_map.items()}
+        elif single.is_file():
+            with safe_open(single, framework="pt") as f:
+                self.files = {name: single for name in f.keys()}
+        else:
+            raise ModelLoadError(f"{model_dir}: no weights (expected model.safetensors or model.safetensors.index.json)")
+        for shard in set(self.files.values()):
+            if not shard.is_file():
+                raise ModelLoadError(f"{shard}: weight shard listed in the index is missing")
+        self._open: dict[Path, object] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.files:
+            raise ModelLoadError(f"tensor '{name}' not found in the checkpoint")
+        path = self.files[name]
+        if path not in self._open:
+            self._open[path] = safe_open(path, framework="pt")
+        return self._open[path].get_tensor(name)
+
+
+def _hf_sources(name: str) -> list[str]:
+    """Our parameter name -> the Hugging Face tensor names that fill it."""
+    prefix = "" if name.startswith("lm_head") else "model."
+    for fused, parts in _FUSED.items():
+        if f".{fused}." in f".{name}":
+            return [prefix + name.replace(fused, part) for part in parts]
+    return [prefix + name]
+
+
+def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint) -> None:
+    tensors = [ckpt.get(src) for src in _hf_sources(name)]
+    value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+    if value.shape != param.shape:
+        sources = ", ".join(_hf_sources(name))
+        raise ModelLoadError(
+            f"shape mismatch for '{sources}': checkpoint has {tuple(value.shape)}, config implies {tuple(param.shape)}"
+        )
+    with torch.no_grad():
+        param.copy_(value.to(param.dtype))
+
+
+def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalLM:
+    ckpt = _Checkpoint(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(cfg.dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # meta buffers carry no data; inverse frequencies stay float32 whatever the weights' dtype
+    model.rotary.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim).to(device)
+    for name, param in model.named_parameters():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name == "lm_head.weight" and "lm_head.weight" not in ckpt:
+            raise ModelLoadError(f"{model_dir}: 'lm_head.weight' missing and tie_word_embeddings is false")
+        _load_param(param, name, ckpt)
+    return model.eval()
+
+
+def load(model: str | Path, dtype: str | None = None, device: str = "cpu") -> tuple[Path, ModelConfig, dict, CausalLM]:
+    model_dir = resolve_model_dir(model)
+    generation = load_generation_config(model_dir)
+    cfg = load_model_config(model_dir, generation, dtype)
+    return model_dir, cfg, generation, load_model(model_dir, cfg, device)

@@ -1,0 +1,61 @@
+"""What the engine hands back: per-step deltas (cross the thread boundary) and offline results."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    logprob: float
+    rank: int | None
+    top: list[tuple[int, float]] | None  # (token_id, logprob), most likely first
+
+
+class RequestDelta(msgspec.Struct, frozen=True):
+    """One engine step's news for one sequence of a request."""
+
+    request_id: str
+    index: int  # which of the request's n samples
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None  # stop | length | abort | error
+    turn_finish_reason: str | None = None  # respond_per_chunk: this chunk's answer ended, session lives
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class CompletionOutput(msgspec.Struct):
+    index: int
+    text: str = ""
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    def add(self, delta: RequestDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+class RequestOutput(msgspec.Struct):
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)

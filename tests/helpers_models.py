@@ -1,0 +1,63 @@
+"""Random-weight models of each supported architecture, made with transformers and saved as
+Hugging Face directories (no hub), plus a ChatML template. transformers is the oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from helpers_tokenizers import byte_level_bpe, qwen_config, save_dir
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=1024)
+
+
+def _config(arch: str, vocab_size: int, **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    kinds = {
+        "llama": (LlamaConfig, {}),
+        "llama3-rope": (LlamaConfig, {"rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+        "llama-linear-rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
+                                                                "factor": 2.0}}),
+        "mistral": (MistralConfig, {"sliding_window": 24}),
+        "qwen2": (Qwen2Config, {"tie_word_embeddings": True}),
+        "qwen3": (Qwen3Config, {"head_dim": 32}),
+    }
+    cls, extra = kinds[arch]
+    # A wider init than transformers' default keeps the logits apart, so greedy argmax is not
+    # decided by float rounding.
+    return cls(vocab_size=vocab_size, initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+               pad_token_id=None, **{**SMALL, **extra, **overrides})
+
+
+def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch.float32, seed: int = 0,
+                   **overrides) -> Path:
+    """Save a random model of `arch` with a ByteLevel BPE tokenizer and a ChatML template."""
+    from transformers import AutoModelForCausalLM
+
+    backend = byte_level_bpe()
+    save_dir(path, backend, qwen_config(chat_template=CHATML))
+    cfg = _config(arch, backend.get_vocab_size(), **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.save_pretrained(path)
+    return path
+
+
+def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.float32) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
