@@ -1,6 +1,13 @@
-"""One signature per operation; the tensors' device picks the backend."""
+"""One signature per operation; the tensors' device picks the backend.
+
+CUDA tensors go to the Triton kernels, others to the torch reference. With
+TRITON_INTERPRET=1 in the environment, CPU tensors go to the Triton kernels too, run by
+Triton's interpreter (slow: for tests of the kernels without a GPU).
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -8,7 +15,7 @@ from rill.kernels import reference
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda
+    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -19,13 +26,15 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=None, out=None):
+def paged_attention(
+    query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=None, out=None,
+    max_query_len=None,
+):
+    """max_query_len: the largest q_len in the batch (or an upper bound), if the caller knows it;
+    it spares the Triton path a device sync when choosing between decode and prefill."""
+    backend = reference
     if _use_triton(query):
-        from rill.kernels import triton_attn
-
-        return triton_attn.paged_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out
-        )
-    return reference.paged_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out
+        from rill.kernels import triton_attn as backend
+    return backend.paged_attention(
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out, max_query_len
     )
