@@ -124,7 +124,7 @@ class EngineCore:
         if params.n != 1:
             raise ValidationError("streaming input supports n=1 only", param="n")
         (seq,) = self._new_sequences(
-            request_id, list(prompt_token_ids), params, self.max_model_len,
+            request_id, list(prompt_token_ids), params, params.max_tokens or self.max_model_len,
             input_open=True, respond_per_chunk=respond_per_chunk, start_after_tokens=start_after_tokens,
         )
         self.sessions[request_id] = seq

@@ -101,6 +101,13 @@ class Scheduler:
             self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _preempt_an_idle_session(self) -> bool:
+        """Idle sessions yield their KV to new work rather than starve it."""
+        idle = next((s for s in reversed(self.running) if s.is_idle), None)
+        if idle is not None:
+            self._preempt(idle)
+        return idle is not None
+
     def unpark(self, seq: Sequence) -> None:
         """New input for a parked session: queue it to recompute its KV and go on."""
         if seq in self.parked:
@@ -114,6 +121,8 @@ class Scheduler:
             hit = bm.match_prefix(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = hit
             num_new = min(seq.num_pending_tokens, budget)
+            while not bm.can_append(seq, num_new) and self._preempt_an_idle_session():
+                batch.num_preempted += 1
             if not bm.can_append(seq, num_new):
                 bm.free(seq)
                 seq.num_computed_tokens = seq.num_cached_tokens = 0

@@ -83,16 +83,30 @@ def _hf_sources(name: str) -> list[str]:
     return [prefix + name]
 
 
-def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint) -> None:
-    tensors = [ckpt.get(src) for src in _hf_sources(name)]
-    value = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
-    if value.shape != param.shape:
-        sources = ", ".join(_hf_sources(name))
-        raise ModelLoadError(
-            f"shape mismatch for '{sources}': checkpoint has {tuple(value.shape)}, config implies {tuple(param.shape)}"
-        )
+def _part_rows(name: str, cfg: ModelConfig) -> list[int] | None:
+    """Rows of each Hugging Face tensor inside a fused parameter, or None if not fused."""
+    if ".qkv_proj." in name:
+        kv = cfg.num_kv_heads * cfg.head_dim
+        return [cfg.num_heads * cfg.head_dim, kv, kv]
+    if ".gate_up_proj." in name:
+        return [cfg.intermediate_size] * 2
+    return None
+
+
+def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint, cfg: ModelConfig) -> None:
+    sources = _hf_sources(name)
+    rows = _part_rows(name, cfg) or [param.shape[0]]
+    tensors = []
+    for src, n in zip(sources, rows):
+        tensor = ckpt.get(src)
+        expected = (n, *param.shape[1:])
+        if tuple(tensor.shape) != expected:
+            raise ModelLoadError(
+                f"shape mismatch for '{src}': checkpoint has {tuple(tensor.shape)}, config.json implies {expected}"
+            )
+        tensors.append(tensor)
     with torch.no_grad():
-        param.copy_(value.to(param.dtype))
+        param.copy_((tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)).to(param.dtype))
 
 
 def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalLM:
@@ -109,7 +123,7 @@ def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "
             continue
         if name == "lm_head.weight" and "lm_head.weight" not in ckpt:
             raise ModelLoadError(f"{model_dir}: 'lm_head.weight' missing and tie_word_embeddings is false")
-        _load_param(param, name, ckpt)
+        _load_param(param, name, ckpt, cfg)
     return model.eval()
 
 

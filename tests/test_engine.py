@@ -1,0 +1,253 @@
+"""EngineCore driven directly (no thread, no socket): batching, chunked prefill, prefix cache,
+preemption, sliding window, abort, admission limits, streaming-input sessions."""
+
+import random
+
+import pytest
+
+from helpers_models import make_model_dir
+from rill.config import EngineConfig
+from rill.engine.core import EngineCore
+from rill.errors import ValidationError
+from rill.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def mistral_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("mistral"), "mistral")  # window 24
+
+
+def engine(model_dir, **kw) -> EngineCore:
+    return EngineCore(EngineConfig(model=str(model_dir), **{"num_kv_blocks": 256, **kw}))
+
+
+def run(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]], max_steps=2000):
+    for rid, (ids, params) in requests.items():
+        core.add_request(rid, ids, params)
+    out = {rid: [] for rid in requests}
+    done = set()
+    for _ in range(max_steps):
+        for d in core.step():
+            out[d.request_id].extend(d.token_ids)
+            if d.finished:
+                done.add(d.request_id)
+        if len(done) == len(requests):
+            return out
+    raise AssertionError("requests did not finish")
+
+
+def prompts(n, seed=0, lo=3, hi=90):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 400) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+def alone(model_dir, ids, params=GREEDY, **kw):
+    return run(engine(model_dir, **kw), {"x": (ids, params)})["x"]
+
+
+def test_greedy_output_is_identical_alone_and_batched_with_31_others(mistral_dir):
+    ps = prompts(32)
+    core = engine(mistral_dir)
+    batched = run(core, {f"r{i}": (p, GREEDY) for i, p in enumerate(ps)})
+    for i in (0, 7, 31):
+        assert batched[f"r{i}"] == alone(mistral_dir, ps[i])
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def test_chunked_prefill_under_a_small_token_budget_gives_the_same_tokens(mistral_dir):
+    p = prompts(1, seed=3, lo=80, hi=90)[0]
+    assert alone(mistral_dir, p, max_num_batched_tokens=7) == alone(mistral_dir, p)
+
+
+def test_prefix_cache_hits_do_not_change_greedy_output(mistral_dir):
+    shared = prompts(1, seed=4, lo=70, hi=71)[0]
+    core = engine(mistral_dir)
+    first = run(core, {"a": (shared + [5, 6], GREEDY)})["a"]
+    second = run(core, {"b": (shared + [5, 6], GREEDY)})["b"]
+    assert core.block_manager.num_hit_tokens >= 64
+    assert first == second == alone(mistral_dir, shared + [5, 6], enable_prefix_caching=False)
+
+
+def test_preemption_by_recompute_keeps_greedy_output_and_never_deadlocks(mistral_dir):
+    ps = prompts(12, seed=5, lo=30, hi=60)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    tight = engine(mistral_dir, num_kv_blocks=14, enable_prefix_caching=False)
+    out = run(tight, {f"r{i}": (p, params) for i, p in enumerate(ps)})
+    assert tight.stats.num_preemptions > 0
+    for i in (0, 11):
+        assert out[f"r{i}"] == alone(mistral_dir, ps[i], params)
+    assert tight.block_manager.num_free_blocks == 14
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(mistral_dir):
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=1234, ignore_eos=True)
+    noisy = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    ps = prompts(8, seed=6)
+    batch = {"s": (ps[0], seeded)} | {f"o{i}": (p, noisy) for i, p in enumerate(ps[1:])}
+    assert run(engine(mistral_dir), batch)["s"] == alone(mistral_dir, ps[0], seeded)
+
+
+def test_long_sequence_holds_at_most_window_blocks_plus_two(mistral_dir):
+    core = engine(mistral_dir, max_num_batched_tokens=64)
+    window, bs = core.window, core.config.block_size
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    core.add_request("long", prompts(1, seed=7, lo=600, hi=601)[0], params)
+    peak = 0
+    while core.requests:
+        core.step()
+        for seq in core.scheduler.running:
+            peak = max(peak, len(seq.block_table) - seq.num_window_freed_blocks)
+    assert peak <= -(-window // bs) + 2 + -(-64 // bs)  # a prefill chunk may add its own blocks
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def test_abort_frees_kv_at_once_and_is_idempotent(mistral_dir):
+    core = engine(mistral_dir)
+    core.add_request("a", prompts(1)[0], SamplingParams(max_tokens=50, ignore_eos=True))
+    core.step()
+    core.step()
+    assert core.block_manager.num_free_blocks < core.block_manager.num_blocks
+    assert core.abort("a") is True
+    assert core.abort("a") is False
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+    assert core.step() == []
+
+
+def test_prompt_longer_than_the_model_is_rejected_with_the_numbers(mistral_dir):
+    core = engine(mistral_dir, max_model_len=100)
+    with pytest.raises(ValidationError, match="100 tokens.*the prompt has 100"):
+        core.add_request("a", [5] * 100, GREEDY)
+    core.add_request("ok", [5] * 99, SamplingParams(max_tokens=1))
+
+
+def test_prompt_plus_max_tokens_past_the_limit_is_rejected(mistral_dir):
+    core = engine(mistral_dir, max_model_len=100)
+    core.add_request("at-limit", [5] * 90, SamplingParams(max_tokens=10))
+    with pytest.raises(ValidationError, match="max_tokens is 11") as err:
+        core.add_request("past", [5] * 90, SamplingParams(max_tokens=11))
+    assert err.value.param == "max_tokens"
+
+
+def test_request_that_can_never_fit_the_kv_cache_fails_at_admission(tmp_path):
+    d = make_model_dir(tmp_path, "llama")  # no window: memory grows with length
+    core = engine(d, num_kv_blocks=4)
+    core.add_request("fits", [5] * 32, SamplingParams(max_tokens=32))
+    with pytest.raises(ValidationError, match="KV blocks") as err:
+        core.add_request("never", [5] * 32, SamplingParams(max_tokens=33))
+    assert err.value.code == "kv_cache_too_small"
+
+
+def test_n_samples_are_independent_sequences(mistral_dir):
+    core = engine(mistral_dir)
+    params = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True)
+    core.add_request("n", prompts(1)[0], params)
+    outs = {0: [], 1: [], 2: []}
+    while core.requests:
+        for d in core.step():
+            outs[d.index].extend(d.token_ids)
+    assert all(len(v) == 8 for v in outs.values())
+    assert len({tuple(v) for v in outs.values()}) > 1
+
+
+# -- streaming-input sessions ------------------------------------------------------------------
+
+
+def stream_session(core, rid, chunks, params=GREEDY, **kw):
+    core.open_session(rid, params, **kw)
+    for chunk in chunks:
+        core.append_input(rid, chunk)
+        core.step()
+    core.finish_input(rid)
+    tokens = []
+    while rid in core.requests:
+        for d in core.step():
+            tokens.extend(d.token_ids)
+    return tokens
+
+
+def test_session_answer_equals_the_whole_prompt_sent_at_once(mistral_dir):
+    p = prompts(1, seed=8, lo=100, hi=101)[0]
+    core = engine(mistral_dir)
+    chunks = [p[i : i + 9] for i in range(0, len(p), 9)]
+    assert stream_session(core, "s", chunks) == alone(mistral_dir, p)
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def test_session_prefills_while_input_arrives_and_answers_in_one_step(mistral_dir):
+    p = prompts(1, seed=9, lo=100, hi=101)[0]
+    core = engine(mistral_dir)
+    core.open_session("s", GREEDY)
+    for i in range(0, 100, 10):
+        core.append_input("s", p[i : i + 10])
+        core.step()
+    seq = core.requests["s"][0]
+    assert seq.num_computed_tokens == 99  # all but the held-back last token
+    core.finish_input("s")
+    deltas = core.step()
+    assert len(deltas) == 1 and len(deltas[0].token_ids) == 1  # first token after one step
+
+
+@pytest.mark.parametrize("policy", [None, 50])
+def test_start_policies_defer_prefill(mistral_dir, policy):
+    p = prompts(1, seed=10, lo=80, hi=81)[0]
+    core = engine(mistral_dir)
+    core.open_session("s", GREEDY, start_after_tokens=policy)
+    core.append_input("s", p[:40])
+    core.step()
+    assert core.requests["s"][0].num_computed_tokens == 0
+    core.append_input("s", p[40:])
+    core.step()
+    started = core.requests["s"][0].num_computed_tokens > 0
+    assert started == (policy == 50)
+    core.finish_input("s")
+    tokens = []
+    while "s" in core.requests:
+        for d in core.step():
+            tokens.extend(d.token_ids)
+    assert tokens == alone(mistral_dir, p)
+
+
+def test_respond_per_chunk_answers_each_chunk_and_keeps_generated_tokens(mistral_dir):
+    core = engine(mistral_dir)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    core.open_session("s", params, respond_per_chunk=True)
+    core.append_input("s", [11, 12, 13])
+    turn = []
+    for _ in range(20):
+        deltas = core.step()
+        turn += [t for d in deltas for t in d.token_ids]
+        if any(d.turn_finish_reason for d in deltas):
+            break
+    assert len(turn) == 5
+    seq = core.requests["s"][0]
+    core.append_input("s", [14, 15])
+    # generated tokens that reached the KV cache stay as prompt; the last sampled one is dropped
+    assert seq.token_ids == [11, 12, 13] + turn[:4] + [14, 15]
+    core.finish_input("s")
+    final = []
+    while "s" in core.requests:
+        for d in core.step():
+            final.extend(d.token_ids)
+    assert final == alone(mistral_dir, [11, 12, 13] + turn[:4] + [14, 15], params)
+
+
+def test_idle_session_is_preempted_under_kv_pressure_and_recomputed_on_input(tmp_path):
+    llama_dir = make_model_dir(tmp_path, "llama")  # no window, so the idle session's blocks add up
+    core = engine(llama_dir, num_kv_blocks=8, enable_prefix_caching=False)
+    p = prompts(1, seed=11, lo=60, hi=61)[0]
+    core.open_session("idle", GREEDY)
+    core.append_input("idle", p[:40])
+    core.step()
+    assert core.requests["idle"][0].block_table
+    busy = run(core, {"busy": (prompts(1, seed=12, lo=100, hi=101)[0], GREEDY)})["busy"]
+    assert len(busy) == 12
+    assert core.scheduler.parked and core.stats.num_preemptions >= 1
+    core.append_input("idle", p[40:])
+    core.finish_input("idle")
+    tokens = []
+    while "idle" in core.requests:
+        for d in core.step():
+            tokens.extend(d.token_ids)
+    assert tokens == alone(llama_dir, p)
