@@ -1,7 +1,8 @@
 """rill's decoder against transformers on random-weight models of every supported architecture.
 
 Tolerance (documented in README): float32 logits agree within 1e-4 absolute; greedy tokens are
-identical. bfloat16 logits agree within 0.1 absolute (bf16 has 8 bits of mantissa).
+identical. bfloat16 logits agree within 0.25 absolute (bf16 keeps 8 bits of mantissa, so one
+rounding step of a logit near 10 is 0.06; measured up to 0.125 across the architectures).
 """
 
 import pytest
@@ -61,13 +62,16 @@ def test_greedy_generation_matches_transformers_token_for_token(model_dir):
         assert out.outputs[0].token_ids == hf_greedy(model_dir, out.prompt_token_ids, 24)
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen3"])
+BF16_TOLERANCE = 0.25
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_bfloat16_logits_close_to_transformers(arch, tmp_path):
     d = make_model_dir(tmp_path, arch, dtype=torch.bfloat16)
-    ids = list(range(3, 60))
-    ours = rill_logits(d, ids)
-    theirs = hf_logits(d, ids, dtype=torch.bfloat16)
-    assert (ours - theirs).abs().max().item() < 0.1
+    for ids in (list(range(3, 60)), list(range(200, 260))):
+        ours = rill_logits(d, ids)
+        theirs = hf_logits(d, ids, dtype=torch.bfloat16)
+        assert (ours.float() - theirs).abs().max().item() < BF16_TOLERANCE
 
 
 def test_sharded_checkpoint_loads_the_same_weights(tmp_path):

@@ -1,0 +1,223 @@
+"""rill-tiny's recipe: corpus, held-out split, tokenizer, chat template, a training smoke run, shipped assets."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+
+import pytest
+
+from rill.tiny import corpus, evaluate, splits, tasks
+from rill.tiny.template import CHAT_TEMPLATE, render
+from rill.tiny.tokenizer_train import TOOL_TOKENS, save_tokenizer, train_tokenizer
+
+ASSETS = evaluate.DEFAULT_MODEL_DIR
+ASSET_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def _train_conversations(n: int, seed: int = 0) -> list[corpus.Conversation]:
+    return list(itertools.islice(corpus.iter_conversations(seed, splits.TRAIN), n))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(c.text() for c in _train_conversations(400))
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tokenizer, tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tok")
+    save_tokenizer(tokenizer, path)
+    return transformers.AutoTokenizer.from_pretrained(path)
+
+
+# -- corpus and held-out split ---------------------------------------------------------------------
+
+
+def test_corpus_is_deterministic_for_a_seed():
+    assert [c.text() for c in _train_conversations(50, seed=3)] == [c.text() for c in _train_conversations(50, seed=3)]
+    assert [c.text() for c in _train_conversations(50, seed=3)] != [c.text() for c in _train_conversations(50, seed=4)]
+
+
+@pytest.mark.parametrize("a,b", [(347, 58), (999, 1), (5, 3), (120, 7)])
+def test_arithmetic_answers_show_column_steps_and_end_with_the_result(a, b):
+    assert tasks.arithmetic_answer(a, b, "+").endswith(f"{a} + {b} = {a + b}")
+    assert tasks.arithmetic_answer(a, b, "-").endswith(f"{a} - {b} = {a - b}")
+    assert tasks.arithmetic_answer(347, 58, "+") == "7+8=15, 4+5+1=10, 3+0+1=4. 347 + 58 = 405"
+    assert tasks.arithmetic_answer(512, 77, "-") == "12-7=5, 11-7-1=3, 5-0-1=4. 512 - 77 = 435"
+
+
+def test_word_answers_spell_then_answer():
+    assert tasks.reverse_answer("stream").endswith(". maerts")
+    assert tasks.count_answer("banana").endswith('There are 6 letters in "banana".')
+
+
+def test_eval_cases_are_deterministic():
+    assert evaluate.make_cases(5) == evaluate.make_cases(5)
+
+
+def test_issue_examples_are_held_out():
+    assert {(347, 58), (512, 77)} <= {p for p in splits.EXAMPLE_PAIRS if splits.is_eval_pair(*p)}
+    assert {"stream", "banana", "hello", "world"} <= splits.eval_words()
+    assert {"Tokyo", "Paris"} <= splits.eval_cities()
+    assert {"Asia/Tokyo", "Europe/Paris"} <= splits.eval_zones()
+
+
+def test_training_data_never_shows_held_out_pairs_words_or_places():
+    held_words = splits.eval_words()
+    held_places = splits.eval_cities() | splits.eval_zones()
+    for conversation in _train_conversations(3000, seed=7):
+        for key in conversation.keys:
+            if key[0] in ("add", "sub"):
+                assert not splits.is_eval_pair(key[1], key[2]), key
+        text = conversation.text()
+        assert not {w.lower() for w in re.findall(r"[A-Za-z]+", text)} & held_words
+        assert not [p for p in held_places if p in text]
+
+
+def test_fixed_sentences_do_not_contain_held_out_words():
+    words = {w.lower() for text in tasks.fixed_texts() for w in re.findall(r"[A-Za-z]+", text)}
+    assert not words & splits.eval_words()
+
+
+def test_eval_cases_use_held_out_values():
+    for case in evaluate.make_cases(20):
+        if case.family in ("add", "sub"):
+            a, b, _ = map(int, re.findall(r"\d+", case.expected.rsplit(". ", 1)[-1]))  # "... a + b = c"
+            assert splits.is_eval_pair(a, b)
+        if case.family == "weather_call":
+            assert case.expected["arguments"]["city"] in splits.eval_cities()
+
+
+def test_tool_families_call_only_listed_tools():
+    rng = random.Random(0)
+    for _ in range(200):
+        c = corpus.sample_conversation(rng, splits.TRAIN, "weather")
+        listed = {t["function"]["name"] for t in c.tools or ()}
+        called = {call["function"]["name"] for m in c.messages for call in m.get("tool_calls", ())}
+        assert called <= listed
+        assert ("get_weather" in called) == ("get_weather" in listed)
+
+
+# -- tokenizer ------------------------------------------------------------------------------------
+
+
+def test_tokenizer_splits_letters_and_digits_one_per_token(tokenizer):
+    for text in ("What is 347 + 58?", "Reverse the word: stream", "HELLO WORLD", "Europe/Paris"):
+        tokens = tokenizer.encode(text).tokens
+        letters_and_digits = [t for t in tokens if re.search(r"[A-Za-z0-9]", t)]
+        assert "".join(letters_and_digits) == re.sub(r"[^A-Za-z0-9]", "", text)
+        assert all(len(t) == 1 for t in letters_and_digits)
+
+
+def test_tokenizer_round_trips_any_utf8(tokenizer):
+    text = 'It is -3°C and snowy in Zürich. 日本 {"a": 1}\n\ttab'
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+
+
+def test_tool_markers_are_single_tokens(tokenizer):
+    for marker in (*TOOL_TOKENS, "<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert len(tokenizer.encode(marker).ids) == 1
+
+
+# -- chat template --------------------------------------------------------------------------------
+
+
+def _weather_chain() -> list[dict]:
+    return [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What's the weather in Tokyo?"},
+        tasks.tool_call_message("get_weather", {"city": "Tokyo"}),
+        {"role": "tool", "content": '{"temperature_c": 21, "condition": "sunny"}'},
+        {"role": "assistant", "content": "It is 21°C and sunny in Tokyo."},
+    ]
+
+
+def test_template_renders_tools_calls_and_results_in_qwen_shape():
+    text = render(_weather_chain(), [tasks.WEATHER_TOOL, tasks.TIME_TOOL])
+    assert text.startswith("<|im_start|>system\nAnswer briefly.\n\n# Tools\n")
+    assert "<tools>\n" + json.dumps(tasks.WEATHER_TOOL) + "\n" + json.dumps(tasks.TIME_TOOL) + "\n</tools>" in text
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call><|im_end|>\n' in text
+    assert '<|im_start|>user\n<tool_response>\n{"temperature_c": 21, "condition": "sunny"}\n</tool_response><|im_end|>\n' in text
+    assert text.endswith("<|im_start|>assistant\nIt is 21°C and sunny in Tokyo.<|im_end|>\n")
+
+
+def test_template_without_tools_has_plain_system_turn():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert render(messages, add_generation_prompt=True) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert render(messages[1:]) == "<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_jinja_template_matches_python_renderer(hf_tokenizer):
+    assert hf_tokenizer.chat_template == CHAT_TEMPLATE
+    string_args = _weather_chain()
+    string_args[2] = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}}
+    ]}
+    samples = [(c.messages, c.tools) for c in _train_conversations(200, seed=5)] + [(string_args, [tasks.WEATHER_TOOL])]
+    for messages, tools in samples:
+        for gen in (False, True):
+            expected = render(messages, tools, add_generation_prompt=gen)
+            got = hf_tokenizer.apply_chat_template(
+                list(messages), tools=list(tools) if tools else None, add_generation_prompt=gen, tokenize=False
+            )
+            assert got == expected
+
+
+# -- training and the shipped model ---------------------------------------------------------------
+
+
+def test_training_smoke_run_writes_a_loadable_directory(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from rill.tiny import train
+
+    out = tmp_path / "tiny"
+    argv = ["--out", str(out), "--device", "cpu", "--steps", "2", "--batch-size", "2", "--seq-len", "256", "--workers", "1"]
+    assert train.main(argv) == 0
+    for name in ASSET_FILES:
+        assert (out / name).is_file()
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert model.config.sliding_window == train.SLIDING_WINDOW
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], add_generation_prompt=True)
+    assert len(model.generate(**_as_batch(prompt), max_new_tokens=2, do_sample=False)[0]) > 0
+
+
+def _as_batch(prompt):
+    import torch
+
+    ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    return {"input_ids": torch.tensor([ids])}
+
+
+def test_shipped_assets_load_in_transformers_and_are_small():
+    transformers = pytest.importorskip("transformers")
+    if not (ASSETS / "model.safetensors").is_file():
+        pytest.skip("rill-tiny has not been trained into the package yet")
+    assert sum((ASSETS / name).stat().st_size for name in ASSET_FILES) < 20 * 2**20
+    config = json.loads((ASSETS / "config.json").read_text())
+    assert config["architectures"] == ["MistralForCausalLM"]
+    assert config["sliding_window"] < 1024
+    tokenizer_config = json.loads((ASSETS / "tokenizer_config.json").read_text())
+    assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
+    assert tokenizer_config["eos_token"] == "<|im_end|>"
+    model = transformers.AutoModelForCausalLM.from_pretrained(ASSETS)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ASSETS)
+    assert sum(p.numel() for p in model.parameters()) < 3_700_000
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+@pytest.mark.slow
+def test_shipped_model_answers_the_issue_examples():
+    pytest.importorskip("transformers")
+    if not (ASSETS / "model.safetensors").is_file():
+        pytest.skip("rill-tiny has not been trained into the package yet")
+    backend = evaluate.TransformersBackend(ASSETS)
+    cases = [case for examples in evaluate.issue_examples().values() for case in examples]
+    texts = backend.generate(cases, evaluate.MAX_TOKENS)
+    assert [evaluate.is_correct(c, t) for c, t in zip(cases, texts)] == [True] * len(cases), texts
