@@ -251,3 +251,29 @@ def test_idle_session_is_preempted_under_kv_pressure_and_recomputed_on_input(tmp
         for d in core.step():
             tokens.extend(d.token_ids)
     assert tokens == alone(llama_dir, p)
+
+
+def test_stats_count_tokens_requests_cache_hits_and_latencies(mistral_dir):
+    core = engine(mistral_dir)
+    p = prompts(1, seed=11, lo=70, hi=71)[0]
+    run(core, {"a": (p, GREEDY)})
+    run(core, {"b": (p, GREEDY)})  # the same prompt again: its full blocks come from the cache
+    snap = core.snapshot()
+    assert snap.num_finished == 2 and snap.num_generation_tokens == 24
+    assert snap.num_prompt_tokens == 140
+    assert snap.prefix_cache_hit_tokens == 64 and 0 < snap.prefix_cache_hit_rate < 1
+    assert snap.num_running == snap.num_waiting == 0 and snap.kv_usage == 0.0
+    assert len(core.stats.ttft_s) == 2 and len(core.stats.itl_s) == 22 and len(core.stats.e2e_s) == 2
+    assert all(t >= 0 for t in (*core.stats.ttft_s, *core.stats.itl_s, *core.stats.e2e_s))
+
+
+def test_eos_ends_the_request_without_adding_its_text(mistral_dir):
+    core = engine(mistral_dir)
+    p = prompts(1, seed=12)[0]
+    first = alone(mistral_dir, p, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))[0]
+    core.eos_token_ids = frozenset({first})  # fault injection: make the first greedy token the EOS
+    params = SamplingParams(temperature=0, max_tokens=5, skip_special_tokens=False)
+    core.add_request("e", p, params)
+    deltas = [d for _ in range(5) for d in core.step()]
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].token_ids == [first]
+    assert "".join(d.text for d in deltas) == ""

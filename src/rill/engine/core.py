@@ -232,7 +232,11 @@ class EngineCore:
         seq.last_token_time = now
         seq.append_token(tok.token_id)
         self.stats.num_generation_tokens += 1
-        text = seq.detokenizer.add(tok.token_id)
+        # An EOS that ends the request is not text (as in vLLM); other special tokens go through
+        # the detokenizer, which drops them when skip_special_tokens.
+        ends_on_eos = tok.token_id in self.eos_token_ids and not seq.params.ignore_eos and (
+            seq.num_output_tokens > seq.params.min_tokens)
+        text = "" if ends_on_eos else seq.detokenizer.add(tok.token_id)
         reason = self._finish_reason(seq, tok.token_id)
         if reason is not None:
             if seq.stop_reason is None or isinstance(seq.stop_reason, int):
@@ -279,6 +283,7 @@ class EngineCore:
             seq.awaiting_input = True  # the session lives on; its KV stays for the next chunk
             return
         seq.finish_reason = reason
+        self.stats.record_e2e(time.monotonic() - seq.arrival_time)
         self.scheduler.remove(seq)
         seqs = self.requests.get(seq.request_id, [])
         if all(s.is_finished for s in seqs):

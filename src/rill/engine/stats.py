@@ -40,6 +40,7 @@ class EngineStats:
     # Recent latencies in seconds; the server drains them into its histograms.
     ttft_s: deque = field(default_factory=lambda: deque(maxlen=4096))
     itl_s: deque = field(default_factory=lambda: deque(maxlen=65536))
+    e2e_s: deque = field(default_factory=lambda: deque(maxlen=4096))
     step_s: deque = field(default_factory=lambda: deque(maxlen=4096))
 
     def record_ttft(self, seconds: float) -> None:
@@ -47,6 +48,9 @@ class EngineStats:
 
     def record_itl(self, seconds: float) -> None:
         self.itl_s.append(seconds)
+
+    def record_e2e(self, seconds: float) -> None:
+        self.e2e_s.append(seconds)
 
     def record_step(self, seconds: float, num_tokens: int) -> None:
         self.num_steps += 1
