@@ -94,7 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate", "bench": "rill.bench"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in FORWARDED:  # their own parsers handle every option, --help included
+        import importlib
+
+        return importlib.import_module(FORWARDED[argv[0]]).main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     from rill.errors import RillError
 

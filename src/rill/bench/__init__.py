@@ -1,0 +1,50 @@
+"""`rill bench`: benchmarks that print a short summary and write JSON results plus a PNG plot.
+
+    rill bench scheduler        per-step engine overhead with a no-op model (core and trio bridge)
+    rill bench streaming-input  time to first token after streamed input vs. the whole prompt
+    rill bench throughput       output tokens/s: rill's continuous batching vs. transformers generate
+
+Speed targets are reported here, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from rill.bench.common import apply_threads, png_path, write_json
+
+# subcommand -> (module under rill.bench, help)
+COMMANDS = {
+    "scheduler": ("scheduler", "per-step overhead of scheduling and bookkeeping, no model"),
+    "streaming-input": ("streaming_input", "TTFT after streamed input vs. the whole prompt at once"),
+    "throughput": ("throughput", "output tokens/s vs. Hugging Face transformers generate"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rill bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="bench", required=True)
+    for name, (module, text) in COMMANDS.items():
+        p = sub.add_parser(name, help=text, description=importlib.import_module(f"rill.bench.{module}").__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(module=module)
+        importlib.import_module(f"rill.bench.{module}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    bench = importlib.import_module(f"rill.bench.{args.module}")
+    apply_threads(args)
+    result = bench.run(args)
+    import torch  # loaded by every benchmark already
+
+    result["torch_threads"] = torch.get_num_threads()  # numbers depend on it; see --threads
+    print(bench.summary(result))
+    json_file = write_json(args.json, result)
+    png_file = png_path(args)
+    bench.plot(result, png_file)
+    print(f"wrote {json_file} and {png_file}")
+    return 0

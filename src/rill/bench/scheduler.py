@@ -1,0 +1,213 @@
+"""`rill bench scheduler`: the engine's per-step overhead without the model.
+
+A no-op model runner stands in for the model, so a step's time is the scheduler, the block
+manager, sequence bookkeeping, detokenization and (for the bridge) delivery to trio. Measured
+at steady state, with every one of --num-seqs requests decoding one token per step:
+
+(a) core:   EngineCore.step() called in a loop; the time of each call.
+(b) bridge: the real trio bridge (open_engine, runner swapped), --num-seqs concurrent requests
+            each consuming its own channel; the wall time from one engine step's start to the
+            next's, which includes delivering each step's output to trio (worker and trio share
+            the GIL), and each step's latency from its start to its delivery into the channels.
+
+Target (from the issue): at most 1 ms per step at 256 running requests.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from rill.bench.common import (
+    add_common_args, progress, random_token_ids, resolve_model, save_plot, summarize_ms,
+)
+
+NAME = "scheduler"
+TARGET_MS_PER_STEP = 1.0
+
+
+class NoOpRunner:
+    """Fault-injection-style fake model runner: it runs no model and returns one token per
+    sampling row, cycling through ordinary token ids, so that only the engine's own work
+    (scheduling, KV bookkeeping, detokenizing, delivering) is timed."""
+
+    def __init__(self, vocab_size: int, first_id: int = 3):
+        self._ids = list(range(first_id, vocab_size))
+        self._next = 0
+
+    def execute(self, batch, sampling):
+        from rill.engine.sampler import SampledToken
+
+        out = []
+        for _ in sampling:
+            out.append(SampledToken(self._ids[self._next]))
+            self._next = (self._next + 1) % len(self._ids)
+        return out
+
+
+def add_arguments(p) -> None:
+    add_common_args(p, NAME)
+    p.add_argument("--num-seqs", type=int, default=256, help="concurrent requests, all decoding (default 256)")
+    p.add_argument("--steps", type=int, default=200, help="timed decode steps (default 200)")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length per request (default 64)")
+    p.add_argument("--model", default="random-small",
+                   help="model directory the engine loads (its weights are never run; default random-small)")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up on the bridge run after this many seconds")
+
+
+def _config(args, model: str):
+    from rill.config import EngineConfig
+
+    # Room for every request's prompt and all its outputs, so nothing is ever preempted.
+    max_len = args.prompt_tokens + _max_tokens(args) + 16
+    blocks = args.num_seqs * (max_len // 16 + 2)
+    return EngineConfig(model=model, dtype="float32", num_kv_blocks=blocks, max_num_seqs=max(256, args.num_seqs),
+                        seed=args.seed)
+
+
+def _max_tokens(args) -> int:
+    # Prefill takes ceil(num_seqs * prompt / 2048) steps; outputs must outlast it plus the timed steps.
+    return args.steps + args.num_seqs * args.prompt_tokens // 2048 + 8
+
+
+def _requests(args, vocab_size: int):
+    from rill.sampling_params import SamplingParams
+
+    rng = random.Random(args.seed)
+    params = SamplingParams(temperature=0, max_tokens=_max_tokens(args), ignore_eos=True)
+    return [(f"s{i}", random_token_ids(rng, args.prompt_tokens, vocab_size), params) for i in range(args.num_seqs)]
+
+
+def _vocab(core) -> int:
+    """Ids both the tokenizer and the model know."""
+    return min(core.tokenizer.vocab_size, core.model_config.vocab_size)
+
+
+def bench_core(args, model: str) -> list[float]:
+    """(a) Seconds per EngineCore.step() once every request is decoding."""
+    from rill.engine.core import EngineCore
+
+    core = EngineCore(_config(args, model))
+    core.runner = NoOpRunner(_vocab(core))
+    for rid, ids, params in _requests(args, _vocab(core)):
+        core.add_request(rid, ids, params)
+    for _ in range(_max_tokens(args)):  # warm up: until every request has produced a token
+        core.step()
+        if all(seq.num_output_tokens > 0 for seqs in core.requests.values() for seq in seqs):
+            break
+    times = []
+    for _ in progress(range(args.steps), desc="core steps", disable=args.no_progress):
+        t0 = time.perf_counter()
+        deltas = core.step()
+        times.append(time.perf_counter() - t0)
+        if len(deltas) != args.num_seqs:
+            raise RuntimeError(f"a timed step returned {len(deltas)} deltas for {args.num_seqs} running requests")
+    return times
+
+
+async def bench_bridge(args, model: str) -> dict:
+    """(b) Through the trio bridge, at steady state (steps that carry a token for every request):
+    the wall time from one step's start to the next (the worker's step plus the GIL time trio
+    spends delivering and waking the consumers), and each step's latency from its start in the
+    worker to its delivery into the channels in trio."""
+    import trio
+
+    from rill.engine.async_engine import open_engine
+
+    steps: list[tuple[float, int]] = []  # (worker start time, number of deltas) per step
+    delivered: list[float] = []  # trio time each step's delivery finished, in step order
+    tokens = 0
+
+    async def consume(recv) -> None:
+        nonlocal tokens
+        async with recv:
+            async for delta in recv:
+                if delta.error is not None:
+                    raise RuntimeError(f"{delta.request_id} failed: {delta.error}")
+                tokens += len(delta.token_ids)
+
+    async with open_engine(_config(args, model)) as engine:
+        core = engine.core
+        core.runner = NoOpRunner(_vocab(core))  # the worker is idle: nothing submitted yet
+        core_step, deliver = core.step, engine._deliver
+
+        def timed_step():
+            t0 = time.perf_counter()
+            deltas = core_step()
+            steps.append((t0, len(deltas)))
+            return deltas
+
+        def timed_deliver(deltas, stats):
+            deliver(deltas, stats)
+            delivered.append(time.perf_counter())
+
+        core.step, engine._deliver = timed_step, timed_deliver
+        bar = progress(desc="bridge steps", disable=args.no_progress)
+        with trio.fail_after(args.timeout):
+            async with trio.open_nursery() as nursery:
+                for rid, ids, params in _requests(args, _vocab(core)):
+                    nursery.start_soon(consume, engine.submit(rid, ids, params))
+                while nursery.child_tasks:
+                    await trio.sleep(0.05)
+                    bar.n = len(steps)
+                    bar.refresh()
+        bar.close()
+    full = [i for i, (_, n) in enumerate(steps) if n == args.num_seqs]
+    intervals = [steps[i + 1][0] - steps[i][0] for i in full if i + 1 < len(steps) and steps[i + 1][1] == args.num_seqs]
+    latencies = [delivered[i] - steps[i][0] for i in full if i < len(delivered)]
+    return {"intervals": intervals, "latencies": latencies, "tokens": tokens, "steps": len(steps)}
+
+
+def run(args) -> dict:
+    import trio
+
+    model = resolve_model(args.model, args.cache_dir, args.seed)
+    core_times = bench_core(args, model)
+    bridge = trio.run(bench_bridge, args, model)
+    return {
+        "benchmark": NAME,
+        "config": {"num_seqs": args.num_seqs, "steps": args.steps, "prompt_tokens": args.prompt_tokens,
+                   "model": args.model, "seed": args.seed},
+        "target_ms_per_step": TARGET_MS_PER_STEP,
+        "core": summarize_ms(core_times),
+        "bridge": {
+            **summarize_ms(bridge["intervals"]),
+            "engine_steps": bridge["steps"],
+            "tokens_delivered": bridge["tokens"],
+            "delivery_latency": summarize_ms(bridge["latencies"]),
+        },
+        "series_ms": {"core": [t * 1000 for t in core_times], "bridge": [t * 1000 for t in bridge["intervals"]]},
+    }
+
+
+def summary(result: dict) -> str:
+    core, bridge = result["core"], result["bridge"]
+    n = result["config"]["num_seqs"]
+    lines = [f"scheduler overhead per step, {n} running requests, no-op model (target <= {TARGET_MS_PER_STEP} ms):"]
+    for name, s in (("EngineCore.step()", core), ("trio bridge", bridge)):
+        if s["n"]:
+            lines.append(f"  {name:<18} mean {s['mean_ms']:.3f} ms  p50 {s['p50_ms']:.3f} ms  "
+                         f"p99 {s['p99_ms']:.3f} ms  ({s['n']} steps)")
+        else:
+            lines.append(f"  {name:<18} no steady-state steps measured")
+    latency = bridge["delivery_latency"]
+    if latency["n"]:
+        lines.append(f"  step start -> delivered in trio: mean {latency['mean_ms']:.3f} ms  p99 {latency['p99_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path) -> None:
+    series = result["series_ms"]
+
+    def draw(axes):
+        ax = axes[0]
+        for name, values in series.items():
+            ax.plot(range(len(values)), values, label=name, linewidth=0.8)
+        ax.axhline(result["target_ms_per_step"], color="red", linestyle="--", label="target")
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per step (log)")
+        ax.set_title(f"per-step overhead, {result['config']['num_seqs']} requests, no-op model")
+        ax.legend()
+
+    save_plot(path, draw)
