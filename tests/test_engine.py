@@ -277,3 +277,11 @@ def test_eos_ends_the_request_without_adding_its_text(mistral_dir):
     deltas = [d for _ in range(5) for d in core.step()]
     assert deltas[-1].finish_reason == "stop" and deltas[-1].token_ids == [first]
     assert "".join(d.text for d in deltas) == ""
+
+
+def test_kv_budget_in_bytes_is_capped_by_what_max_num_seqs_can_use(mistral_dir):
+    core = EngineCore(EngineConfig(model=str(mistral_dir), max_num_seqs=4))  # default 2 GiB budget
+    assert core.block_manager.num_blocks == 4 * core.max_blocks_per_seq(core.max_model_len)
+    per_block = core.model_config.kv_bytes_per_token * core.config.block_size
+    small = EngineCore(EngineConfig(model=str(mistral_dir), kv_cache_bytes=10 * per_block + 1))
+    assert small.block_manager.num_blocks == 10

@@ -31,7 +31,7 @@ class EngineCore:
         cfg = self.model_config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.window = cfg.sliding_window
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // (cfg.kv_bytes_per_token * config.block_size))
+        num_blocks = config.num_kv_blocks or self._blocks_for_budget(config.kv_cache_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         eos = set(cfg.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
@@ -44,6 +44,13 @@ class EngineCore:
         self.stats = EngineStats()
 
     # -- admission ----------------------------------------------------------------------------
+
+    def _blocks_for_budget(self, kv_cache_bytes: int) -> int:
+        """Blocks that fit the byte budget, but no more than max_num_seqs full-length sequences
+        can use: a small model would otherwise allocate (and zero) the whole budget for nothing."""
+        fit = kv_cache_bytes // (self.model_config.kv_bytes_per_token * self.config.block_size)
+        useful = self.config.max_num_seqs * self.max_blocks_per_seq(self.max_model_len)
+        return max(1, min(fit, useful))
 
     def max_blocks_per_seq(self, num_tokens: int) -> int:
         """Blocks one sequence of num_tokens can hold at once (the window bounds it)."""
