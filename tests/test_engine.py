@@ -139,6 +139,25 @@ def test_request_that_can_never_fit_the_kv_cache_fails_at_admission(tmp_path):
     assert err.value.code == "kv_cache_too_small"
 
 
+def test_a_windowed_request_far_longer_than_the_cache_runs_through_it(mistral_dir):
+    core = engine(mistral_dir, num_kv_blocks=core_min_blocks(mistral_dir))
+    ids = prompts(1, seed=9, lo=700, hi=701)[0]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    assert run(core, {"long": (ids, params)})["long"] == alone(mistral_dir, ids, params)
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def test_a_windowed_request_below_its_minimum_blocks_fails_at_admission(mistral_dir):
+    small = engine(mistral_dir, num_kv_blocks=core_min_blocks(mistral_dir) - 1)
+    with pytest.raises(ValidationError, match="KV blocks"):
+        small.add_request("x", [5] * 200, GREEDY)
+
+
+def core_min_blocks(model_dir) -> int:
+    core = engine(model_dir)
+    return core.min_blocks_per_seq(10**6)
+
+
 def test_n_samples_are_independent_sequences(mistral_dir):
     core = engine(mistral_dir)
     params = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True)

@@ -137,7 +137,7 @@ class AsyncEngine:
         request_id = request_id or self.new_request_id()
         recv = self.submit(request_id, prompt_token_ids, params)
         try:
-            async with recv:
+            with recv:  # sync close: no checkpoint between closing and aborting
                 async for delta in recv:
                     yield delta
         finally:
@@ -151,7 +151,11 @@ class AsyncEngine:
             send = self._streams.get(delta.request_id)
             if send is None:
                 continue  # aborted on this side already
-            send.send_nowait(delta)
+            try:
+                send.send_nowait(delta)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.abort(delta.request_id)  # the reader left without aborting
+                continue
             if delta.error is not None or (delta.finished and self._all_done(delta)):
                 self._streams.pop(delta.request_id).close()
                 self._n.pop(delta.request_id, None)
@@ -165,8 +169,11 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         self.dead = error
         for request_id, send in list(self._streams.items()):
-            send.send_nowait(RequestDelta(request_id, 0, [], "", finish_reason="error", error=f"engine failed: {error!r}"))
-            send.close()
+            with send:
+                try:
+                    send.send_nowait(RequestDelta(request_id, 0, [], "", finish_reason="error", error=f"engine failed: {error!r}"))
+                except trio.BrokenResourceError:
+                    pass  # nobody is reading
         self._streams.clear()
 
     # -- worker thread ----------------------------------------------------------------------------

@@ -80,6 +80,11 @@ class BlockManager:
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
 
+    def num_tokens_that_fit(self, seq: Sequence) -> int:
+        """How many more tokens seq could compute with its own blocks and every free one."""
+        capacity = (len(seq.block_table) + self.num_free_blocks) * self.block_size
+        return max(0, capacity - seq.num_computed_tokens)
+
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         """Give seq the blocks to hold its next num_new_tokens tokens."""
         for _ in range(self.num_new_blocks(seq, num_new_tokens)):

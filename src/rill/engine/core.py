@@ -33,7 +33,7 @@ class EngineCore:
         self.window = cfg.sliding_window
         num_blocks = config.num_kv_blocks or self._blocks_for_budget(config.kv_cache_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.window)
         eos = set(cfg.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.eos_token_ids = frozenset(eos)
         sampler = Sampler(self.eos_token_ids, cfg.vocab_size)
@@ -59,6 +59,15 @@ class EngineCore:
             num_tokens = min(num_tokens, self.window + self.config.max_num_batched_tokens + bs)
         return (num_tokens + bs - 1) // bs
 
+    def min_blocks_per_seq(self, num_tokens: int) -> int:
+        """Blocks a sequence of num_tokens needs to make progress alone, one token per step if
+        it must: all of them, or with a sliding window the window's worth plus the block being
+        written and one the window has not yet let go of."""
+        bs = self.config.block_size
+        if self.window is not None:
+            num_tokens = min(num_tokens, self.window + bs)
+        return (num_tokens + bs - 1) // bs + (1 if self.window is not None else 0)
+
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
         """Validate lengths; return the output budget (max_tokens capped by the model length)."""
         if num_prompt_tokens < 1:
@@ -79,9 +88,10 @@ class EngineCore:
                 code="context_length_exceeded",
             )
         budget = room if max_tokens is None else max_tokens
-        if self.max_blocks_per_seq(num_prompt_tokens + budget) > self.block_manager.num_blocks:
+        needed = self.min_blocks_per_seq(num_prompt_tokens + budget)
+        if needed > self.block_manager.num_blocks:
             raise ValidationError(
-                f"the request needs {self.max_blocks_per_seq(num_prompt_tokens + budget)} KV blocks but the cache "
+                f"the request needs {needed} KV blocks but the cache "
                 f"has {self.block_manager.num_blocks}; lower max_tokens or raise the KV budget",
                 param="max_tokens",
                 code="kv_cache_too_small",

@@ -3,7 +3,10 @@
 Running sequences are served first (decodes and unfinished prefill chunks), then waiting
 ones are admitted in arrival order while the budget, max_num_seqs and KV blocks allow.
 When blocks run out, the newest unscheduled running sequence is preempted by recompute;
-idle streaming sessions are preempted before anyone else.
+idle streaming sessions are preempted before anyone else. A sequence with nobody left to
+preempt computes a shorter chunk, as much as the free blocks hold, so that one request that
+fits the cache alone always makes progress (with a sliding window it may hold far fewer
+blocks than its length).
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 window: int | None = None):
         self.block_manager = block_manager
+        self.window = window
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -68,7 +73,8 @@ class Scheduler:
             num_new = min(seq.num_pending_tokens, budget)
             if seq.status is not Status.RUNNING or num_new == 0:
                 continue
-            if self._make_room(seq, num_new, scheduled, batch):
+            num_new = self._make_room(seq, num_new, scheduled, batch)
+            if num_new:
                 self.block_manager.append(seq, num_new)
                 batch.add(seq, num_new)
                 scheduled.add(id(seq))
@@ -76,14 +82,22 @@ class Scheduler:
         self._admit(batch, budget)
         return batch
 
-    def _make_room(self, seq: Sequence, num_new: int, scheduled: set[int], batch: ScheduledBatch) -> bool:
-        while not self.block_manager.can_append(seq, num_new):
+    def _make_room(self, seq: Sequence, num_new: int, scheduled: set[int], batch: ScheduledBatch) -> int:
+        """Preempt others until seq's next num_new tokens fit; return how many tokens to compute
+        (fewer when nobody is left to preempt; 0 when seq itself had to be preempted)."""
+        bm = self.block_manager
+        while not bm.can_append(seq, num_new):
             victim = self._pick_victim(seq, scheduled)
-            self._preempt(victim or seq)
-            batch.num_preempted += 1
             if victim is None:
-                return False
-        return True
+                num_fit = bm.num_tokens_that_fit(seq)
+                if num_fit > 0:
+                    return min(num_new, num_fit)
+                self._preempt(seq)
+                batch.num_preempted += 1
+                return 0
+            self._preempt(victim)
+            batch.num_preempted += 1
+        return num_new
 
     def _pick_victim(self, seq: Sequence, scheduled: set[int]) -> Sequence | None:
         candidates = [s for s in reversed(self.running) if s is not seq and id(s) not in scheduled]
@@ -120,10 +134,14 @@ class Scheduler:
             seq = self.waiting[0]
             hit = bm.match_prefix(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = hit
+            if self.window is not None:
+                bm.free_outside_window(seq, self.window)  # a long cached prefix keeps only its window
             num_new = min(seq.num_pending_tokens, budget)
             while not bm.can_append(seq, num_new) and self._preempt_an_idle_session():
                 batch.num_preempted += 1
-            if not bm.can_append(seq, num_new):
+            if not bm.can_append(seq, num_new) and not self.running:
+                num_new = min(num_new, bm.num_tokens_that_fit(seq))  # alone: a chunk that fits
+            if num_new == 0 or not bm.can_append(seq, num_new):
                 bm.free(seq)
                 seq.num_computed_tokens = seq.num_cached_tokens = 0
                 break  # first come, first served: nobody overtakes the head of the queue
