@@ -61,6 +61,43 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    import logging
+
+    from rill.server import run
+    from rill.transports.http import ServerConfig
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = ServerConfig(
+        api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
+        served_model_names=args.served_model_name or [],
+        tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
+        reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
+    )
+    return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=_env("MODEL", "rill-tiny"),
+                   help="rill-tiny (default) or a local Hugging Face model directory")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=_env("PORT", 8000, int), help="0: any free port")
+    p.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", None, int),
+                   help="requests waiting for their first token before new ones get 429")
+    p.add_argument("--max-body-bytes", type=int, default=_env("MAX_BODY_BYTES", 16 << 20, int))
+    p.add_argument("--served-model-name", nargs="+", default=_env("SERVED_MODEL_NAME", None, lambda v: v.split(",")),
+                   help="names clients use for the model (default: the MODEL argument)")
+    p.add_argument("--tool-call-parser", default=_env("TOOL_CALL_PARSER", "hermes"), choices=["hermes", "none"])
+    p.add_argument("--reasoning-parser", default=_env("REASONING_PARSER", "none"),
+                   choices=["none", "qwen3", "deepseek_r1"])
+    p.add_argument("--shutdown-grace-s", type=float, default=_env("SHUTDOWN_GRACE_S", 10.0, float),
+                   help="on SIGINT/SIGTERM, seconds streams in flight get to finish")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
+                   choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+
+
 def _forward(module: str):
     def run(args) -> int:
         import importlib
@@ -73,6 +110,9 @@ def _forward(module: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rill", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    add_serve_args(p)
+    p.set_defaults(func=_cmd_serve)
     for name in ("chat", "generate"):
         p = sub.add_parser(name, help=f"offline {name}: print the answer to each prompt")
         p.add_argument("prompts", nargs="+")

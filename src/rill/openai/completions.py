@@ -1,0 +1,169 @@
+"""POST /v1/completions: prompts (text or token ids, one or many) in, text out, as JSON or SSE.
+
+Choice `i * n + j` is sample j of prompt i. Every prompt is submitted at once; a stream sends
+one prompt's choices after the other's, while the engine runs them together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from rill.errors import ValidationError
+from rill.openai import sse
+from rill.openai.errors import ApiError, bad_request
+from rill.openai.logprobs import completion_logprobs
+from rill.openai.params import completion_sampling_params
+from rill.openai.requests import CompletionRequest
+from rill.openai.responses import Completion, CompletionChoice, CompletionLogprobs, usage
+from rill.openai.serving import RequestTrace, Serving, api_error, decode_body, finish_reason, sampling_error
+from rill.outputs import RequestDelta
+from rill.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionJob:
+    request: CompletionRequest
+    trace: RequestTrace
+    model: str
+    prompts: list[list[int]]
+    prompt_texts: list[str]  # echoed when echo is set
+    params: SamplingParams
+    created: int
+
+    @property
+    def include_usage(self) -> bool:
+        return self.request.stream_options is not None and self.request.stream_options.include_usage
+
+
+def prepare_completion(serving: Serving, trace: RequestTrace, body: bytes) -> CompletionJob:
+    req = decode_body(body, CompletionRequest)
+    model = serving.check_model(req.model)
+    _check_supported(req)
+    prompts = _prompt_ids(serving, req.prompt)
+    trace.num_prompt_tokens = sum(map(len, prompts))
+    try:
+        params = completion_sampling_params(req, serving.generation_config)
+        serving.check_params(params)
+    except ValidationError as exc:
+        raise sampling_error(exc, {}) from exc
+    for prompt in prompts:
+        serving.check_fits(len(prompt), params.max_tokens, "prompt")
+    serving.check_ready()
+    texts = [_prompt_text(serving, req.prompt, i, ids) for i, ids in enumerate(prompts)] if req.echo else []
+    return CompletionJob(req, trace, model, prompts, texts, params, int(time.time()))
+
+
+def _check_supported(req: CompletionRequest) -> None:
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported", "suffix", "unsupported")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo with logprobs needs prompt logprobs, which rill does not compute", "echo",
+                          "unsupported")
+
+
+def _prompt_ids(serving: Serving, prompt) -> list[list[int]]:
+    """str | list[str] | list[int] | list[list[int]] -> one id list per prompt."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if len({type(item) for item in prompt}) > 1:
+        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
+                          "lists of token ids, not a mix", "prompt")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    out = []
+    for item in prompt:
+        ids = serving.tokenizer.encode(item) if isinstance(item, str) else list(item)
+        bad = [t for t in ids if not 0 <= t < serving.vocab_size]
+        if bad:
+            raise bad_request(f"prompt has token ids {bad[:8]} outside the vocabulary of {serving.vocab_size}",
+                              "prompt")
+        out.append(ids)
+    return out
+
+
+def _prompt_text(serving: Serving, prompt, i: int, ids: list[int]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and isinstance(prompt[i], str):
+        return prompt[i]
+    return serving.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class ChoiceText:
+    """One choice's text so far: echo first, logprob columns with their offsets."""
+
+    def __init__(self, serving: Serving, job: CompletionJob, index: int, prompt_index: int):
+        self.serving, self.job, self.index = serving, job, index
+        self.pending = job.prompt_texts[prompt_index] if job.prompt_texts else ""
+        self.num_chars = 0
+        self.num_output_tokens = 0
+
+    def on_delta(self, delta: RequestDelta) -> CompletionChoice:
+        text, self.pending = self.pending + delta.text, ""
+        logprobs = None
+        if delta.logprobs is not None:
+            num_top = self.job.request.logprobs or 0
+            logprobs = completion_logprobs(self.serving.tokenizer, delta.logprobs, num_top, self.num_chars)
+            self.num_chars += sum(map(len, logprobs.tokens))
+        self.num_output_tokens = delta.num_output_tokens
+        reason = finish_reason(delta)
+        return CompletionChoice(self.index, text, logprobs, reason, delta.stop_reason if reason else None)
+
+
+def _choices(serving: Serving, job: CompletionJob) -> dict[tuple[int, int], ChoiceText]:
+    n = job.params.n
+    return {(p, j): ChoiceText(serving, job, p * n + j, p) for p in range(len(job.prompts)) for j in range(n)}
+
+
+async def stream_completion(serving: Serving, job: CompletionJob) -> AsyncIterator[bytes]:
+    choices = _choices(serving, job)
+    status = 499
+    try:
+        async with aclosing(serving.run(job.trace, job.prompts, job.params)) as deltas:
+            async for p, delta in deltas:
+                if delta.error is not None:
+                    raise ApiError(500, delta.error, code="engine_error")
+                out = choices[p, delta.index].on_delta(delta)
+                if out.text or out.logprobs or out.finish_reason:
+                    yield sse.data_frame(Completion(job.trace.request_id, job.created, job.model, [out]))
+        if job.include_usage:
+            total = usage(sum(map(len, job.prompts)), sum(c.num_output_tokens for c in choices.values()))
+            yield sse.data_frame(Completion(job.trace.request_id, job.created, job.model, [], usage=total))
+        yield sse.DONE
+        status = 200
+    except Exception as exc:  # noqa: BLE001 - the status is sent: the error goes in the stream
+        error = api_error(exc)
+        status = error.status
+        yield sse.error_frame(error)
+    finally:
+        serving.finish(job.trace, status)
+
+
+async def complete(serving: Serving, job: CompletionJob) -> Completion:
+    choices = _choices(serving, job)
+    results = {key: CompletionChoice(c.index, "", CompletionLogprobs() if job.params.logprobs is not None else None)
+               for key, c in choices.items()}
+    cached: dict[int, int] = {}  # prompt index -> its tokens found in the prefix cache
+    async with aclosing(serving.run(job.trace, job.prompts, job.params)) as deltas:
+        async for p, delta in deltas:
+            if delta.error is not None:
+                raise ApiError(500, delta.error, code="engine_error")
+            _merge(results[p, delta.index], choices[p, delta.index].on_delta(delta))
+            cached[p] = max(cached.get(p, 0), delta.num_cached_tokens)
+    num_output = sum(c.num_output_tokens for c in choices.values())
+    total = usage(sum(map(len, job.prompts)), num_output, sum(cached.values()))
+    ordered = sorted(results.values(), key=lambda c: c.index)
+    return Completion(job.trace.request_id, job.created, job.model, ordered, usage=total)
+
+
+def _merge(into: CompletionChoice, part: CompletionChoice) -> None:
+    into.text += part.text
+    into.finish_reason, into.stop_reason = part.finish_reason, part.stop_reason
+    if part.logprobs is not None:
+        for name in ("tokens", "token_logprobs", "text_offset", "top_logprobs"):
+            getattr(into.logprobs, name).extend(getattr(part.logprobs, name))

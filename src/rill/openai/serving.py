@@ -1,0 +1,163 @@
+"""What the chat and completion handlers share: the engine, the served model names, admission,
+the per-request trace (one log line each), and running a request's prompts on the engine."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from rill.errors import ValidationError
+from rill.openai.errors import ApiError, bad_request, from_decode_error, from_exception
+from rill.outputs import RequestDelta
+from rill.sampling_params import SamplingParams
+
+log = logging.getLogger("rill.server")
+
+TOOL_CALL_PARSERS = ("hermes",)
+
+
+@dataclass
+class ServingOptions:
+    served_model_names: list[str] = field(default_factory=list)  # empty: the engine's model argument
+    tool_call_parser: str | None = "hermes"  # None: tool calls stay in the content
+    reasoning_parser: str | None = None  # see reasoning_parser.REASONING_PARSERS
+    max_waiting: int | None = None  # requests waiting for their first token; past it, 429
+
+
+@dataclass
+class RequestTrace:
+    """One request's figures, logged once when it ends."""
+
+    request_id: str
+    endpoint: str
+    start_s: float = field(default_factory=time.monotonic)
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    first_token_s: float | None = None
+    status: int | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_s is None else (self.first_token_s - self.start_s) * 1e3
+
+    def on_delta(self, delta: RequestDelta) -> None:
+        if self.first_token_s is None and delta.token_ids:
+            self.first_token_s = time.monotonic()
+        self.num_generated_tokens += len(delta.token_ids)
+
+
+class Serving:
+    """The engine, as the OpenAI handlers see it."""
+
+    def __init__(self, engine, options: ServingOptions | None = None,
+                 on_done: Callable[[RequestTrace], None] | None = None):
+        self.engine = engine
+        self.options = options or ServingOptions()
+        self.tokenizer = engine.tokenizer
+        self.model_names = self.options.served_model_names or [engine.core.config.model]
+        self.max_model_len = engine.core.max_model_len
+        self.vocab_size = engine.core.model_config.vocab_size
+        self.generation_config = dict(engine.core.generation_config or {})
+        self.num_awaiting_first_token = 0
+        self._on_done = on_done
+        self.created = int(time.time())
+
+    # -- checks before a request runs ------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> str:
+        if name is None:
+            return self.model_names[0]
+        if name not in self.model_names:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_names}",
+                           param="model", code="model_not_found")
+        return name
+
+    def check_ready(self) -> None:
+        """503 when the engine is dead, 429 when too many requests wait for their first token."""
+        if not self.engine.is_alive:
+            raise ApiError(503, f"the engine is not running: {self.engine.dead!r}", code="engine_dead")
+        limit = self.options.max_waiting
+        if limit is not None and self.num_awaiting_first_token >= limit:
+            raise ApiError(429, f"{self.num_awaiting_first_token} requests are already waiting (limit {limit}); "
+                           "retry shortly", code="too_many_waiting_requests", headers={"Retry-After": "1"})
+
+    def check_params(self, params: SamplingParams) -> None:
+        params.check_vocab(self.vocab_size)
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str) -> None:
+        try:
+            self.engine.check_fits(num_prompt_tokens, max_tokens)
+        except ValidationError as exc:
+            param = prompt_param if exc.param in ("messages", "prompt") else exc.param
+            raise bad_request(exc.message, param, exc.code) from exc
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def new_trace(self, endpoint: str, prefix: str) -> RequestTrace:
+        return RequestTrace(f"{prefix}-{self.engine.new_request_id()}", endpoint)
+
+    async def run(self, trace: RequestTrace, prompts: list[list[int]], params: SamplingParams,
+                  ) -> AsyncIterator[tuple[int, RequestDelta]]:
+        """Submit every prompt at once; yield (prompt index, delta), one prompt's stream after the
+        other (the engine runs them together; later ones buffer). Leaving early aborts them all."""
+        ids = [f"{trace.request_id}-{i}" for i in range(len(prompts))]
+        waiting = set()
+        try:
+            recvs = []
+            for request_id, prompt in zip(ids, prompts):
+                recvs.append(self.engine.submit(request_id, prompt, params))
+                waiting.add(request_id)
+                self.num_awaiting_first_token += 1
+            for i, recv in enumerate(recvs):
+                with recv:  # closed without a checkpoint, so no delivery lands on a closed channel
+                    async for delta in recv:
+                        if delta.request_id in waiting:
+                            waiting.discard(delta.request_id)
+                            self.num_awaiting_first_token -= 1
+                        trace.on_delta(delta)
+                        yield i, delta
+        finally:
+            self.num_awaiting_first_token -= len(waiting)
+            for request_id in ids:
+                self.engine.abort(request_id)
+
+    def finish(self, trace: RequestTrace, status: int) -> None:
+        """Log the request's one line (once) and report it to the metrics."""
+        if trace.status is not None:
+            return
+        trace.status = status
+        total_ms = (time.monotonic() - trace.start_s) * 1e3
+        ttft = "-" if trace.ttft_ms is None else f"{trace.ttft_ms:.1f}"
+        log.info("%s %s status=%d prompt_tokens=%d generated_tokens=%d ttft_ms=%s total_ms=%.1f",
+                 trace.request_id, trace.endpoint, status, trace.num_prompt_tokens, trace.num_generated_tokens,
+                 ttft, total_ms)
+        if self._on_done is not None:
+            self._on_done(trace)
+
+
+def api_error(exc: BaseException) -> ApiError:
+    """The client's view of a failure; failures rill did not expect are logged with their traceback."""
+    error = from_exception(exc)
+    if error.status >= 500 and not isinstance(exc, ApiError):
+        log.error("request failed", exc_info=exc)
+    return error
+
+
+def decode_body(body: bytes, kind: type):
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.MsgspecError as exc:
+        raise from_decode_error(exc) from exc
+
+
+def sampling_error(exc: ValidationError, renames: dict[str, str]) -> ApiError:
+    """A SamplingParams error, its param renamed to the request field the client set."""
+    return bad_request(exc.message, renames.get(exc.param, exc.param), exc.code)
+
+
+def finish_reason(delta: RequestDelta) -> str | None:
+    return delta.finish_reason if delta.finish_reason in ("stop", "length") else None

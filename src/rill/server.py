@@ -1,0 +1,56 @@
+"""`rill serve`: one trio root nursery running the engine and hypercorn (trio worker).
+
+SIGINT or SIGTERM stops accepting connections; streams in flight get `grace_s` seconds to
+finish, then the engine shuts down and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from functools import partial
+
+import hypercorn
+import trio
+from hypercorn.trio import serve as hypercorn_serve
+
+from rill.config import EngineConfig
+from rill.engine.async_engine import open_engine
+from rill.transports.http import ServerConfig, create_app
+
+log = logging.getLogger("rill.server")
+
+
+def hypercorn_config(host: str, port: int, grace_s: float) -> hypercorn.Config:
+    config = hypercorn.Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.graceful_timeout = grace_s
+    config.accesslog = None  # rill logs one line per request itself
+    config.errorlog = logging.getLogger("hypercorn.error")  # through the app's logging setup, once
+    return config
+
+
+async def wait_for_stop_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("got %s: no new connections; letting streams in flight finish", signal.Signals(signum).name)
+            return
+
+
+async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: str = "127.0.0.1",
+                port: int = 8000, grace_s: float = 10.0, *, shutdown_trigger=wait_for_stop_signal,
+                task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM).
+    task_status gets the bound URLs once the server listens."""
+    async with open_engine(engine_config) as engine, trio.open_nursery() as nursery:
+        app = create_app(engine=engine, server=server_config)
+        config = hypercorn_config(host, port, grace_s)
+        binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger))
+        log.info("serving %s at %s", engine_config.model, ", ".join(binds))
+        task_status.started(binds)
+    log.info("stopped")
+
+
+def run(engine_config: EngineConfig, server_config: ServerConfig, host: str, port: int, grace_s: float) -> int:
+    trio.run(partial(serve, engine_config, server_config, host, port, grace_s))
+    return 0

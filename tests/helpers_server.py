@@ -1,0 +1,102 @@
+"""A real rill HTTP server for tests: hypercorn (trio worker) on 127.0.0.1, an ephemeral port,
+the real engine on a random-weight model, inside the test's own trio run."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import hypercorn
+import pytest
+import torch
+import trio
+from hypercorn.trio import serve
+from quart_trio import QuartTrio
+
+from rill.config import EngineConfig
+from rill.engine.async_engine import AsyncEngine, open_engine
+from rill.openai.serving import Serving
+from rill.transports.http import ServerConfig, create_app
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Import into a test module to use. On a busy CPU (these machines train models while tests
+    run) torch's intra-op threads contend and a tiny model's step takes ~25x longer."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass
+class RunningServer:
+    url: str  # http://127.0.0.1:PORT
+    engine: AsyncEngine
+    app: QuartTrio
+
+    @property
+    def serving(self) -> Serving:
+        return self.app.extensions["rill"].serving
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def all_kv_free(self) -> bool:
+        bm = self.engine.core.block_manager
+        return bm.num_free_blocks == bm.num_blocks
+
+
+@asynccontextmanager
+async def running_server(model_dir, server: ServerConfig | None = None, **engine_kwargs):
+    config = EngineConfig(model=str(model_dir), **{"num_kv_blocks": 256, **engine_kwargs})
+    hyper = hypercorn.Config()
+    hyper.bind = ["127.0.0.1:0"]
+    hyper.graceful_timeout = 1.0
+    async with open_engine(config) as engine:
+        app = create_app(engine=engine, server=server or ServerConfig())
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve, app, hyper)
+            try:
+                yield RunningServer(binds[0], engine, app)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def wait_for(predicate, seconds: float = 10.0, poll_s: float = 0.01) -> None:
+    """Poll a condition until it holds; fail after `seconds`."""
+    with trio.fail_after(seconds):
+        while not predicate():
+            await trio.sleep(poll_s)
+
+
+class SSEFrame:
+    def __init__(self, event: str | None, data: str):
+        self.event, self.data = event, data
+
+    @property
+    def json(self):
+        return json.loads(self.data)
+
+    def __repr__(self) -> str:
+        return f"SSEFrame({self.event!r}, {self.data!r})"
+
+
+def parse_sse(raw: str) -> list[SSEFrame]:
+    """Frames of an SSE body, strictly: each frame ends with a blank line, fields are `event:`/`data:`."""
+    assert raw.endswith("\n\n"), f"the stream must end with a complete frame: {raw[-80:]!r}"
+    frames = []
+    for block in raw[:-2].split("\n\n"):
+        event, data = None, []
+        for line in block.split("\n"):
+            field, _, value = line.partition(": ")
+            assert field in ("event", "data"), f"unexpected SSE line {line!r}"
+            if field == "event":
+                event = value
+            else:
+                data.append(value)
+        frames.append(SSEFrame(event, "\n".join(data)))
+    return frames

@@ -1,0 +1,258 @@
+"""The OpenAI-compatible HTTP app: quart-trio, served by hypercorn with the trio worker.
+
+    POST /v1/chat/completions, /v1/completions   JSON in; JSON, or SSE when "stream": true
+    GET  /v1/models, /health, /metrics
+    POST /tokenize, /detokenize
+
+`create_app(engine=...)` serves an engine its caller runs (`rill serve` does, from its root
+nursery). `create_app()` opens one itself for the app's lifetime, so that
+`hypercorn --worker-class trio 'rill.transports.http:create_app()'` works (RILL_* variables
+configure it). Request logic lives in rill.openai; this module is the wire.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+from quart import Blueprint, Response, current_app, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from rill.config import EngineConfig
+from rill.engine.async_engine import open_engine
+from rill.openai import sse
+from rill.openai.chat import complete_chat, message_dict, prepare_chat, stream_chat, tool_dicts
+from rill.openai.completions import complete, prepare_completion, stream_completion
+from rill.openai.errors import ApiError, from_status
+from rill.openai.requests import DetokenizeRequest, TokenizeRequest
+from rill.openai.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from rill.openai.serving import Serving, ServingOptions, api_error, decode_body
+from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rill.transports.metrics import Metrics
+
+log = logging.getLogger("rill.server")
+
+MAX_BODY_BYTES = 16 << 20
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+@dataclass
+class ServerConfig:
+    """What the HTTP layer needs besides the engine. `rill serve` fills it from flags and RILL_*."""
+
+    api_key: str | None = None
+    max_waiting: int | None = None
+    max_body_bytes: int = MAX_BODY_BYTES
+    served_model_names: list[str] = field(default_factory=list)
+    tool_call_parser: str | None = "hermes"
+    reasoning_parser: str | None = None
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        env = os.environ.get
+        waiting = env("RILL_MAX_WAITING")
+        names = env("RILL_SERVED_MODEL_NAME")
+        return cls(
+            api_key=env("RILL_API_KEY") or None,
+            max_waiting=int(waiting) if waiting else None,
+            max_body_bytes=int(env("RILL_MAX_BODY_BYTES", MAX_BODY_BYTES)),
+            served_model_names=names.split(",") if names else [],
+            tool_call_parser=_parser_option(env("RILL_TOOL_CALL_PARSER", "hermes")),
+            reasoning_parser=_parser_option(env("RILL_REASONING_PARSER", "none")),
+        )
+
+    def serving_options(self) -> ServingOptions:
+        return ServingOptions(self.served_model_names, self.tool_call_parser, self.reasoning_parser,
+                              self.max_waiting)
+
+
+def _parser_option(value: str) -> str | None:
+    return None if value.lower() in ("", "none") else value
+
+
+class AppState:
+    """The engine-facing parts of one app; `serving` is set once the engine runs."""
+
+    def __init__(self, server: ServerConfig):
+        self.server = server
+        self.metrics = Metrics()
+        self.serving: Serving | None = None
+        self._stop = trio.Event()
+
+    def attach(self, engine) -> None:
+        self.metrics.attach(engine)
+        self.serving = Serving(engine, self.server.serving_options(), on_done=self.metrics.on_request_done)
+
+    async def run_engine(self, config: EngineConfig, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with open_engine(config) as engine:
+            self.attach(engine)
+            task_status.started()
+            await self._stop.wait()
+
+    async def stop_engine(self) -> None:  # async: Quart runs sync hooks in a worker thread
+        self._stop.set()
+
+
+def create_app(config: EngineConfig | None = None, server: ServerConfig | None = None, *, engine=None) -> QuartTrio:
+    """The app. With `engine`, serve it; otherwise open one from `config` (default: RILL_MODEL or rill-tiny)."""
+    app = QuartTrio("rill")
+    state = AppState(server or ServerConfig.from_env())
+    # Streams last as long as generation does: no response timeout.
+    app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None)
+    app.extensions["rill"] = state
+    app.register_blueprint(api)
+    app.register_error_handler(HTTPException, _http_error)
+    if engine is not None:
+        state.attach(engine)
+    else:
+        config = config or EngineConfig(model=os.environ.get("RILL_MODEL", "rill-tiny"))
+
+        async def start_engine() -> None:
+            await app.nursery.start(state.run_engine, config)
+
+        app.before_serving(start_engine)
+        app.after_serving(state.stop_engine)
+    return app
+
+
+api = Blueprint("openai", __name__)
+
+
+def _state() -> AppState:
+    return current_app.extensions["rill"]
+
+
+def _json(value, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(msgspec.json.encode(value), status=status, headers=headers, content_type="application/json")
+
+
+def _error(error: ApiError) -> Response:
+    return _json(error.body, error.status, error.headers)
+
+
+async def _http_error(exc: HTTPException) -> Response:
+    return _error(from_status(exc.code or 500, exc.description))
+
+
+# -- auth ------------------------------------------------------------------------------------------------------
+
+
+@api.before_app_request
+async def _authenticate() -> Response | None:
+    key = _state().server.api_key
+    if key is None or not request.path.startswith(_PROTECTED_PREFIXES):
+        return None
+    given = request.headers.get("Authorization", "")
+    if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        return None
+    log.info("%s %s status=401 (missing or wrong API key)", request.method, request.path)
+    return _error(ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key"))
+
+
+# -- generation ------------------------------------------------------------------------------------------------
+
+
+async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Response:
+    serving = _state().serving
+    trace = serving.new_trace(endpoint, prefix)
+    try:
+        job = prepare(serving, trace, await request.get_data())
+        if job.request.stream:
+            return _sse(stream(serving, job))
+        result = await answer(serving, job)
+    except trio.Cancelled:
+        serving.finish(trace, 499)  # the client left
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+        error = _as_api_error(exc)
+        serving.finish(trace, error.status)
+        return _error(error)
+    serving.finish(trace, 200)
+    return _json(result)
+
+
+def _as_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, HTTPException):  # 413 from the body limit
+        return from_status(exc.code or 500, exc.description)
+    return api_error(exc)
+
+
+def _sse(frames) -> Response:
+    return Response(frames, content_type=sse.CONTENT_TYPE,
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@api.post("/v1/chat/completions")
+async def chat_completions() -> Response:
+    return await _generate("/v1/chat/completions", "chatcmpl", prepare_chat, stream_chat, complete_chat)
+
+
+@api.post("/v1/completions")
+async def completions() -> Response:
+    return await _generate("/v1/completions", "cmpl", prepare_completion, stream_completion, complete)
+
+
+# -- the rest ----------------------------------------------------------------------------------------------------
+
+
+@api.get("/v1/models")
+async def models() -> Response:
+    serving = _state().serving
+    root = serving.engine.core.config.model
+    cards = [ModelCard(name, serving.created, serving.max_model_len, root=root) for name in serving.model_names]
+    return _json(ModelList(cards))
+
+
+@api.get("/health")
+async def health() -> Response:
+    serving = _state().serving
+    if serving is None or not serving.engine.is_alive:
+        dead = None if serving is None else serving.engine.dead
+        return _error(ApiError(503, f"the engine is not running: {dead!r}", code="engine_dead"))
+    return Response(b"", status=200)
+
+
+@api.get("/metrics")
+async def metrics() -> Response:
+    return Response(_state().metrics.render(), content_type=METRICS_CONTENT_TYPE)
+
+
+@api.post("/tokenize")
+async def tokenize() -> Response:
+    serving = _state().serving
+    try:
+        req = decode_body(await request.get_data(), TokenizeRequest)
+        serving.check_model(req.model)
+        ids = _tokenize(serving, req)
+    except Exception as exc:  # noqa: BLE001
+        return _error(_as_api_error(exc))
+    return _json(TokenizeResponse(ids, len(ids), serving.max_model_len))
+
+
+def _tokenize(serving: Serving, req: TokenizeRequest) -> list[int]:
+    if (req.prompt is None) == (req.messages is None):
+        raise ApiError(400, "send exactly one of prompt and messages", param="prompt", code="invalid_value")
+    if req.prompt is not None:
+        return serving.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    tools = None if req.tools is None else tool_dicts(req.tools)
+    return serving.tokenizer.encode_chat(
+        [message_dict(m, i) for i, m in enumerate(req.messages)], tools=tools,
+        add_generation_prompt=req.add_generation_prompt, chat_template_kwargs=req.chat_template_kwargs,
+    )
+
+
+@api.post("/detokenize")
+async def detokenize() -> Response:
+    serving = _state().serving
+    try:
+        req = decode_body(await request.get_data(), DetokenizeRequest)
+        serving.check_model(req.model)
+    except Exception as exc:  # noqa: BLE001
+        return _error(_as_api_error(exc))
+    return _json(DetokenizeResponse(serving.tokenizer.decode(req.tokens, skip_special_tokens=False)))

@@ -1,0 +1,90 @@
+"""GET /metrics: the engine's state and the server's latencies in the Prometheus text format.
+
+Gauges and counters are read from the engine's per-step stats snapshot at scrape time; the
+latency histograms are fed from the engine's recent-latency queues, drained at each scrape and
+when a request ends (the engine appends in its thread; deque appends and pops are atomic)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                      20.0, 40.0, 80.0)
+
+_GAUGES = (
+    ("rill_num_requests_running", "Sequences in the running batch.", "num_running"),
+    ("rill_num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
+    ("rill_num_sessions_parked", "Streaming-input sessions waiting for input.", "num_parked"),
+    ("rill_kv_cache_usage_ratio", "Fraction of KV blocks in use (0-1).", "kv_usage"),
+    ("rill_kv_cache_free_blocks", "KV blocks free.", "num_free_kv_blocks"),
+    ("rill_kv_cache_blocks", "KV blocks in all.", "num_kv_blocks"),
+    ("rill_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / tokens looked up.",
+     "prefix_cache_hit_rate"),
+)
+_COUNTERS = (
+    ("rill_prompt_tokens", "Prompt tokens received.", "num_prompt_tokens"),
+    ("rill_generation_tokens", "Tokens generated.", "num_generation_tokens"),
+    ("rill_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queried_tokens"),
+    ("rill_prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache.", "prefix_cache_hit_tokens"),
+    ("rill_num_preemptions", "Sequences preempted for KV space.", "num_preemptions"),
+    ("rill_requests_finished", "Engine requests that finished.", "num_finished"),
+    ("rill_requests_aborted", "Engine requests aborted.", "num_aborted"),
+    ("rill_engine_steps", "Engine steps run.", "num_steps"),
+)
+
+
+class _EngineCollector:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        stats = self.engine.stats
+        for name, text, attr in _GAUGES:
+            yield GaugeMetricFamily(name, text, value=float(getattr(stats, attr)))
+        for name, text, attr in _COUNTERS:
+            yield CounterMetricFamily(name, text, value=getattr(stats, attr))
+        yield GaugeMetricFamily("rill_engine_alive", "1 while the engine's worker runs.",
+                                value=1.0 if self.engine.is_alive else 0.0)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.ttft = self._histogram("rill_time_to_first_token_seconds", "Time to first token.")
+        self.itl = self._histogram("rill_inter_token_latency_seconds", "Time between output tokens.")
+        self.e2e = self._histogram("rill_e2e_request_latency_seconds", "Request time in the engine, end to end.")
+        self.requests = Counter("rill_http_requests", "HTTP requests answered.", ["endpoint", "status"],
+                                registry=self.registry)
+        self._engine = None
+
+    def _histogram(self, name: str, text: str) -> Histogram:
+        return Histogram(name, text, buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+
+    def attach(self, engine) -> None:
+        self._engine = engine
+        self.registry.register(_EngineCollector(engine))
+
+    def on_request_done(self, trace) -> None:
+        self.requests.labels(trace.endpoint, str(trace.status)).inc()
+        self.drain()
+
+    def drain(self) -> None:
+        if self._engine is None:
+            return
+        stats = self._engine.core.stats
+        for queue, histogram in ((stats.ttft_s, self.ttft), (stats.itl_s, self.itl), (stats.e2e_s, self.e2e)):
+            _drain(queue, histogram)
+
+    def render(self) -> bytes:
+        self.drain()
+        return generate_latest(self.registry)
+
+
+def _drain(queue: deque, histogram: Histogram) -> None:
+    while queue:
+        histogram.observe(queue.popleft())
