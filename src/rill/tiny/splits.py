@@ -128,6 +128,39 @@ def eval_zones() -> frozenset[str]:
     return frozenset(z for c, z in CITY_ZONES if c in eval_cities() or z.split("/")[-1].replace("_", " ") in eval_cities())
 
 
+_REGIONS = ("Europe", "Asia", "America", "Africa", "Australia", "Pacific", "Atlantic")
+_ONSETS = ("b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "ch", "gr", "kr", "st", "tr", "sh")
+_NUCLEI = ("a", "e", "i", "o", "u", "ai", "ou", "ia")
+_CODAS = ("", "", "", "n", "r", "s", "l", "m", "k")
+SYNTHETIC_PLACE_SHARE = 0.6  # training places that are invented names, not the ~60 real training cities
+
+
+def _invented_word(rng: random.Random) -> str:
+    syllables = (rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(rng.choice((1, 2, 2, 2, 3))))
+    return "".join(syllables).capitalize()
+
+
+def _invented_place(rng: random.Random) -> str:
+    """A made-up city name ("Brailon", "Kou Semar"): too many to memorise, so a model that has to
+    echo the place back into a tool call or an answer learns to copy it from the question."""
+    while True:
+        name = " ".join(_invented_word(rng) for _ in range(rng.choice((1, 1, 1, 2))))
+        if all(_is_clean_train_word(w) for w in name.split()):
+            return name
+
+
+def sample_city(rng: random.Random, split: str) -> str:
+    if split == TRAIN and rng.random() < SYNTHETIC_PLACE_SHARE:
+        return _invented_place(rng)
+    return rng.choice(cities(split))
+
+
+def sample_zone(rng: random.Random, split: str) -> str:
+    if split == TRAIN and rng.random() < SYNTHETIC_PLACE_SHARE:
+        return f"{rng.choice(_REGIONS)}/{_invented_place(rng).replace(' ', '_')}"
+    return rng.choice(zones(split))
+
+
 def cities(split: str) -> tuple[str, ...]:
     held = eval_cities()
     return tuple(c for c, _ in CITY_ZONES if (c in held) == (split == EVAL))

@@ -215,7 +215,7 @@ def _about(rng: random.Random, split: str, tool_names) -> Exchange:
 
 
 def _weather(rng: random.Random, split: str, tool_names) -> Exchange:
-    city = rng.choice(splits.cities(split))
+    city = splits.sample_city(rng, split)
     question = _ask(rng, rng.choice(PHRASINGS["weather"]), c=city)
     if "get_weather" not in tool_names:
         return _qa("weather", question, NO_WEATHER_TOOL, ("city", city))
@@ -226,7 +226,7 @@ def _weather(rng: random.Random, split: str, tool_names) -> Exchange:
 
 
 def _time(rng: random.Random, split: str, tool_names) -> Exchange:
-    zone = rng.choice(splits.zones(split))
+    zone = splits.sample_zone(rng, split)
     question = _ask(rng, rng.choice(PHRASINGS["time"]), z=zone)
     if "get_time" not in tool_names:
         return _qa("time", question, NO_TIME_TOOL, ("zone", zone))
