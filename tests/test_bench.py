@@ -104,3 +104,14 @@ def test_latency_summary():
     s = summarize_ms([0.001, 0.003])
     assert s["n"] == 2 and s["mean_ms"] == pytest.approx(2.0) and s["max_ms"] == pytest.approx(3.0)
     assert summarize_ms([])["mean_ms"] is None
+
+
+def test_serve_bench_runs_clients_against_an_in_process_server(tmp_path, cache_dir):
+    result = run_bench(tmp_path, cache_dir, "serve", "--concurrency", "1,3", "--requests-per-client", "2",
+                       "--prompt-tokens", "16", "--max-tokens", "6", "--threads", "1")
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 3]
+    for level, clients in zip(result["levels"], (1, 3)):
+        assert level["requests"] == 2 * clients
+        assert level["output_tokens"] == 6 * 2 * clients  # ignore_eos: every request ran to max_tokens
+        assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"]
+        assert 0 < level["itl_p50_ms"] <= level["itl_p99_ms"]

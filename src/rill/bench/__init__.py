@@ -3,6 +3,7 @@
     rill bench scheduler        per-step engine overhead with a no-op model (core and trio bridge)
     rill bench streaming-input  time to first token after streamed input vs. the whole prompt
     rill bench throughput       output tokens/s: rill's continuous batching vs. transformers generate
+    rill bench serve            concurrent streaming clients against a server: latency vs. concurrency
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -19,6 +20,7 @@ COMMANDS = {
     "scheduler": ("scheduler", "per-step overhead of scheduling and bookkeeping, no model"),
     "streaming-input": ("streaming_input", "TTFT after streamed input vs. the whole prompt at once"),
     "throughput": ("throughput", "output tokens/s vs. Hugging Face transformers generate"),
+    "serve": ("serve", "concurrent streaming clients against a server: TTFT, inter-token latency, tokens/s"),
 }
 
 
