@@ -272,3 +272,30 @@ def test_random_text_stops_at_the_first_stop_string(tok, words, stop, include):
     _, at, first = min(hits)  # the stop completed first
     assert detok.stop_reason == first
     assert "".join(deltas) == text[: at + len(first) if include else at]
+
+
+# -- the ByteLevel fast path -----------------------------------------------------------------------------
+
+
+class WindowDecoding:
+    """The tokenizer with its byte table hidden, so the detokenizer decodes windows of ids."""
+
+    def __init__(self, tok):
+        self.decode = tok.decode
+
+
+def test_only_plain_bytelevel_decoders_offer_byte_pieces(tok, qwen):
+    assert qwen.byte_pieces() is not None and len(qwen.byte_pieces()) == qwen.vocab_size
+    byte_fallback = "<0xE4>" in (t for i in range(tok.vocab_size) for t in tok.convert_ids_to_tokens([i]))
+    assert (tok.byte_pieces() is None) == byte_fallback
+
+
+@hypothesis_settings
+@given(ids=st.lists(st.integers(min_value=0, max_value=440), max_size=40),
+       prompt=st.lists(st.integers(min_value=3, max_value=300), max_size=8), skip=st.booleans())
+def test_byte_table_deltas_equal_window_decoding_deltas(qwen, ids, prompt, skip):
+    fast, _ = run(qwen, ids, prompt, skip_special_tokens=skip)
+    slow, _ = run(WindowDecoding(qwen), ids, prompt, skip_special_tokens=skip)
+    assume(not qwen.decode(prompt).endswith(REPLACEMENT_CHAR))  # window decoding loses a character the prompt left open
+    assert "".join(fast) == "".join(slow)
+    assert all(REPLACEMENT_CHAR not in d for d in fast) or REPLACEMENT_CHAR in qwen.decode(ids)

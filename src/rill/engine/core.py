@@ -228,7 +228,8 @@ class EngineCore:
         ]
         sampled = self.runner.execute(batch, sampling)
         self._advance(batch, committed)
-        deltas = [self._on_token(seq, tok) for seq, tok in zip(sampling, sampled)]
+        now = time.monotonic()  # one clock read for the step's tokens
+        deltas = [self._on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
         self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
         return pending + deltas
 
@@ -239,8 +240,7 @@ class EngineCore:
             if self.window is not None:
                 self.block_manager.free_outside_window(seq, self.window)
 
-    def _on_token(self, seq: Sequence, tok: SampledToken) -> RequestDelta:
-        now = time.monotonic()
+    def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.stats.record_ttft(now - seq.arrival_time)
@@ -251,10 +251,10 @@ class EngineCore:
         self.stats.num_generation_tokens += 1
         # An EOS that ends the request is not text (as in vLLM); other special tokens go through
         # the detokenizer, which drops them when skip_special_tokens.
-        ends_on_eos = tok.token_id in self.eos_token_ids and not seq.params.ignore_eos and (
-            seq.num_output_tokens > seq.params.min_tokens)
+        min_reached = seq.num_output_tokens > seq.params.min_tokens
+        ends_on_eos = tok.token_id in self.eos_token_ids and not seq.params.ignore_eos and min_reached
         text = "" if ends_on_eos else seq.detokenizer.add(tok.token_id)
-        reason = self._finish_reason(seq, tok.token_id)
+        reason = FinishReason.STOP if ends_on_eos else self._finish_reason(seq, tok.token_id, min_reached)
         if reason is not None:
             if seq.stop_reason is None or isinstance(seq.stop_reason, int):
                 text += seq.detokenizer.flush()
@@ -277,11 +277,9 @@ class EngineCore:
             num_output_tokens=seq.num_output_tokens,
         )
 
-    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+    def _finish_reason(self, seq: Sequence, token_id: int, min_reached: bool) -> FinishReason | None:
+        """Why seq ends after token_id (not an ending EOS: the caller checked that), or None."""
         params = seq.params
-        min_reached = seq.num_output_tokens > params.min_tokens
-        if token_id in self.eos_token_ids and not params.ignore_eos and min_reached:
-            return FinishReason.STOP
         if token_id in params.stop_token_ids and min_reached:
             seq.stop_reason = token_id
             return FinishReason.STOP

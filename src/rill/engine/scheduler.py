@@ -73,9 +73,11 @@ class Scheduler:
             num_new = min(seq.num_pending_tokens, budget)
             if seq.status is not Status.RUNNING or num_new == 0:
                 continue
-            num_new = self._make_room(seq, num_new, scheduled, batch)
+            if self.block_manager.num_new_blocks(seq, num_new):  # most decode steps need none
+                num_new = self._make_room(seq, num_new, scheduled, batch)
+                if num_new:
+                    self.block_manager.append(seq, num_new)
             if num_new:
-                self.block_manager.append(seq, num_new)
                 batch.add(seq, num_new)
                 scheduled.add(id(seq))
                 budget -= num_new

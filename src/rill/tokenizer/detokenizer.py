@@ -7,6 +7,10 @@ context's. Decoding a window rather than one id keeps what a token means in cont
 (`<0xE4>`) tokens split across ids. While the window's text ends in U+FFFD the character is incomplete and
 nothing is released. The cost per token is that of decoding a few ids, whatever the length of the output.
 
+A tokenizer whose decoder is plain ByteLevel offers each id's bytes (`byte_pieces`); then a new token's
+text is those bytes through an incremental UTF-8 decoder, which holds an incomplete character back just
+the same, at the cost of a table lookup.
+
 Released text then passes the stop strings: text that could still become a stop string is held back until
 the next token settles it, and a stop string ends the sequence (cut from the text unless
 include_stop_str_in_output).
@@ -14,6 +18,7 @@ include_stop_str_in_output).
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -45,9 +50,15 @@ class Detokenizer:
         if not all(self._stop):
             raise ValidationError("stop strings must not be empty", param="stop")
         self._include_stop = include_stop_str_in_output
-        self._ids = self._context(prompt_token_ids)
-        self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids)  # the context's text
+        pieces = getattr(tokenizer, "byte_pieces", None)
+        self._pieces_table = pieces(skip_special_tokens) if pieces is not None else None
+        if self._pieces_table is not None:
+            self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+            self._utf8.decode(self._context_bytes(prompt_token_ids))  # its text is the prompt's, not ours
+        else:
+            self._ids = self._context(prompt_token_ids)
+            self._read_offset = len(self._ids)
+            self._prefix_text = self._decode(self._ids)  # the context's text
         self._pending = ""  # decoded text held back as a possible stop-string prefix
         self._pieces: list[str] = []
         self.stop_reason: str | None = None
@@ -63,6 +74,8 @@ class Detokenizer:
         """Take one output id; return the text it makes final (often "", while a character or stop is open)."""
         if self.stop_reason is not None:
             return ""
+        if self._pieces_table is not None:
+            return self._release(self._utf8.decode(self._piece(token_id)), final=False)
         self._ids.append(token_id)
         return self._release(self._next_text(), final=False)
 
@@ -70,12 +83,21 @@ class Detokenizer:
         """At the end of the sequence: release everything held back, incomplete characters included."""
         if self.stop_reason is not None:
             return ""
+        if self._pieces_table is not None:
+            return self._release(self._utf8.decode(b"", final=True), final=True)
         window_text = self._decode(self._ids)
         new_text = window_text[len(self._prefix_text) :]
         self._read_offset, self._prefix_text = len(self._ids), window_text
         return self._release(new_text, final=True)
 
     # -- decoding -----------------------------------------------------------------------------------------
+
+    def _piece(self, token_id: int) -> bytes:
+        return self._pieces_table[token_id] if 0 <= token_id < len(self._pieces_table) else b""
+
+    def _context_bytes(self, prompt_token_ids: Sequence[int]) -> bytes:
+        """The prompt's last bytes: a character the prompt leaves open is completed by the output."""
+        return b"".join(self._piece(i) for i in prompt_token_ids[-NUM_CONTEXT_TOKENS:])
 
     def _context(self, prompt_token_ids: Sequence[int]) -> list[int]:
         ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
@@ -102,6 +124,10 @@ class Detokenizer:
     # -- stop strings -------------------------------------------------------------------------------------
 
     def _release(self, new_text: str, *, final: bool) -> str:
+        if not self._stop:  # nothing to hold back
+            if new_text:
+                self._pieces.append(new_text)
+            return new_text
         self._pending += new_text
         found = self._find_stop()
         if found is not None:

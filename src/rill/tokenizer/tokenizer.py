@@ -17,6 +17,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
 from rill.errors import ModelLoadError
+from rill.tokenizer.byte_pieces import byte_pieces
 from rill.tokenizer.chat_template import ChatTemplates, load_chat_templates, render_chat, select_template
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -48,6 +49,8 @@ class Tokenizer:
         self.eos_token, self.eos_token_id = self._named("eos_token")
         self.pad_token, self.pad_token_id = self._named("pad_token")
         self.unk_token, self.unk_token_id = self._named("unk_token")
+        # Built once here, read by every detokenizer (None: not a plain ByteLevel decoder).
+        self._byte_pieces = {skip: byte_pieces(backend, self.vocab_size, skip) for skip in (True, False)}
 
     @classmethod
     def from_dir(cls, path: str | Path, chat_template: str | None = None) -> Tokenizer:
@@ -72,6 +75,10 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Ids the tokenizer does not know decode to nothing, as in `tokenizers`."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def byte_pieces(self, skip_special_tokens: bool = True) -> tuple[bytes, ...] | None:
+        """Each id's bytes when decoding is plain ByteLevel (see rill.tokenizer.byte_pieces), else None."""
+        return self._byte_pieces[skip_special_tokens]
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         """Token strings; "" for an id the tokenizer does not know (transformers gives None)."""
