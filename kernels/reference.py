@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def write_kv(
@@ -32,18 +33,18 @@ def _gather_context(cache, table, first_block, num_blocks):
 
 
 def _attend(q, k, v, q_pos, k_pos, window, scale):
-    # q: [Tq, H, D], k/v: [Tk, Hkv, D]; positions are absolute token positions.
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
-    visible = k_pos[None, :] <= q_pos[:, None]
+    # q: [Tq, H, D], k/v: [Tk, Hkv, D]; positions are absolute token positions. torch's fused
+    # scaled_dot_product_attention (grouped-query aware) in float32 with the causal + window mask;
+    # every query sees at least its own key, so no row is fully masked.
+    visible = k_pos[None, :] <= q_pos[:, None]  # [Tq, Tk]
     if window is not None:
         visible &= k_pos[None, :] > q_pos[:, None] - window
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v.float())
+    # A batch dimension matters: unbatched inputs take torch's slow math path on CPU.
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
+        attn_mask=visible, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+    )  # [1, H, Tq, D]
+    return out[0].transpose(0, 1)
 
 
 def paged_attention(
