@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=50, help="warm-up steps")
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
     p.add_argument("--workers", type=int, default=None, help="corpus worker processes")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16: mixed precision (float32 weights, bfloat16 autocast), on CPU as on CUDA")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's own; 1 holds up far better on a shared, busy CPU)")
     return p.parse_args(argv)
 
 
@@ -101,7 +105,7 @@ def train(model: MistralForCausalLM, rows: dataset.Rows, args: argparse.Namespac
         index = next(batches).to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = masked_loss(model, tokens[index], mask[index])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -124,6 +128,8 @@ def save_model(model: MistralForCausalLM, out: Path, ids: dict[str, int]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_record(args, rows, num_params, losses, data_s, train_s) -> dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return {
-        "seed": args.seed, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+        "seed": args.seed, "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
         "lr": args.lr, "rows": len(rows), "tokens_per_step": args.batch_size * args.seq_len,
         "trained_tokens": int(rows.loss_mask.sum()), "num_params": num_params,
         "device": device_name, "corpus_and_tokenizer_s": round(data_s, 1), "train_s": round(train_s, 1),
