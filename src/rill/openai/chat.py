@@ -30,6 +30,8 @@ from rill.openai.tool_parser import TOOL_CALL_START, ToolCallEvent, ToolCallStre
 from rill.outputs import RequestDelta, TokenLogprob
 from rill.sampling_params import SamplingParams
 
+Deltas = AsyncIterator[tuple[int, RequestDelta]]  # (prompt index, delta), as Serving.run yields them
+
 
 @dataclass
 class ChatJob:
@@ -44,6 +46,7 @@ class ChatJob:
     tool_prefix: str  # the start of a call, written after the generation prompt when tool_choice forces one
     echo: str
     created: int
+    tools: list[dict] | None = None  # as the chat template sees them
 
     @property
     def include_usage(self) -> bool:
@@ -55,22 +58,34 @@ class ChatJob:
 
 
 def prepare_chat(serving: Serving, trace: RequestTrace, body: bytes) -> ChatJob:
-    req = decode_body(body, ChatCompletionRequest)
+    job = chat_job(serving, trace, decode_body(body, ChatCompletionRequest))
+    messages = [message_dict(m, i) for i, m in enumerate(job.request.messages)]
+    job.prompt_ids = serving.tokenizer.encode(render_prompt(serving, job, messages), add_special_tokens=False)
+    trace.num_prompt_tokens = len(job.prompt_ids)
+    serving.check_fits(len(job.prompt_ids), job.params.max_tokens, "messages")
+    serving.check_ready()
+    return job
+
+
+def chat_job(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) -> ChatJob:
+    """The checks a chat request passes however its prompt arrives (whole, or streamed in:
+    rill.openai.streaming); its prompt_ids are the caller's to fill."""
     model = serving.check_model(req.model)
     _check_supported(req)
     tools, tool_prefix = _tool_setup(serving, req)
-    messages = [message_dict(m, i) for i, m in enumerate(req.messages)]
+    params = _sampling_params(serving, req)
+    parse_tools = tools is not None and serving.options.tool_call_parser is not None
+    return ChatJob(req, trace, model, [], params, parse_tools, tool_prefix, _echo(req), int(time.time()), tools)
+
+
+def render_prompt(serving: Serving, job: ChatJob, messages: list[dict[str, Any]]) -> str:
+    """The prompt text of `messages` with the job's template options and forced tool-call start."""
+    req = job.request
     text = serving.tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
+        messages, tools=job.tools, add_generation_prompt=req.add_generation_prompt,
         chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,
     )
-    prompt_ids = serving.tokenizer.encode(text + tool_prefix, add_special_tokens=False)
-    trace.num_prompt_tokens = len(prompt_ids)
-    params = _sampling_params(serving, req)
-    serving.check_fits(len(prompt_ids), params.max_tokens, "messages")
-    serving.check_ready()
-    parse_tools = tools is not None and serving.options.tool_call_parser is not None
-    return ChatJob(req, trace, model, prompt_ids, params, parse_tools, tool_prefix, _echo(req), int(time.time()))
+    return text + job.tool_prefix
 
 
 # -- validation --------------------------------------------------------------------------------------------
@@ -167,8 +182,8 @@ def _arguments(arguments: str | dict) -> str | dict:
 
 
 def _echo(req: ChatCompletionRequest) -> str:
-    last = req.messages[-1]
-    if not req.echo or last.role != "assistant":
+    last = req.messages[-1] if req.messages else None
+    if not req.echo or last is None or last.role != "assistant":
         return ""
     return _content_text(last, len(req.messages) - 1) or ""
 
@@ -238,14 +253,15 @@ class ChoiceStream:
 # -- streaming ------------------------------------------------------------------------------------------------
 
 
-async def stream_chat(serving: Serving, job: ChatJob) -> AsyncIterator[bytes]:
-    """SSE frames: a role frame per choice, content deltas, a terminal frame per choice, usage, [DONE]."""
+async def stream_chat(serving: Serving, job: ChatJob, deltas: Deltas | None = None) -> AsyncIterator[bytes]:
+    """SSE frames: a role frame per choice, content deltas, a terminal frame per choice, usage, [DONE].
+    `deltas` replaces running job.prompt_ids (streamed input brings its own: rill.openai.streaming)."""
     choices = [ChoiceStream(serving, job, i) for i in range(job.params.n)]
     status = 499  # until the stream ends on its own: the client left
     try:
         for i in range(job.params.n):
             yield _frame(job, [ChatChunkChoice(i, ChatDelta(role="assistant"))])
-        async with aclosing(serving.run(job.trace, [job.prompt_ids], job.params)) as deltas:
+        async with aclosing(deltas or serving.run(job.trace, [job.prompt_ids], job.params)) as deltas:
             async for _, delta in deltas:
                 if delta.error is not None:
                     raise ApiError(500, delta.error, code="engine_error")
@@ -288,12 +304,12 @@ def _usage(job: ChatJob, choices: list[ChoiceStream]):
 # -- one JSON answer ------------------------------------------------------------------------------------------
 
 
-async def complete_chat(serving: Serving, job: ChatJob) -> ChatCompletion:
+async def complete_chat(serving: Serving, job: ChatJob, deltas: Deltas | None = None) -> ChatCompletion:
     choices = [ChoiceStream(serving, job, i) for i in range(job.params.n)]
     parts: list[list[ChatDelta]] = [[] for _ in choices]
     ends: list[RequestDelta | None] = [None for _ in choices]
     num_cached = 0
-    async with aclosing(serving.run(job.trace, [job.prompt_ids], job.params)) as deltas:
+    async with aclosing(deltas or serving.run(job.trace, [job.prompt_ids], job.params)) as deltas:
         async for _, delta in deltas:
             if delta.error is not None:
                 raise ApiError(500, delta.error, code="engine_error")

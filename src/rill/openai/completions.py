@@ -22,6 +22,8 @@ from rill.openai.serving import RequestTrace, Serving, api_error, decode_body, f
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
 
+Deltas = AsyncIterator[tuple[int, RequestDelta]]  # (prompt index, delta), as Serving.run yields them
+
 
 @dataclass
 class CompletionJob:
@@ -40,20 +42,26 @@ class CompletionJob:
 
 def prepare_completion(serving: Serving, trace: RequestTrace, body: bytes) -> CompletionJob:
     req = decode_body(body, CompletionRequest)
-    model = serving.check_model(req.model)
-    _check_supported(req)
-    prompts = _prompt_ids(serving, req.prompt)
+    model, params = check_completion(serving, req)
+    prompts = prompt_token_ids(serving, req.prompt)
     trace.num_prompt_tokens = sum(map(len, prompts))
-    try:
-        params = completion_sampling_params(req, serving.generation_config)
-        serving.check_params(params)
-    except ValidationError as exc:
-        raise sampling_error(exc, {}) from exc
     for prompt in prompts:
         serving.check_fits(len(prompt), params.max_tokens, "prompt")
     serving.check_ready()
     texts = [_prompt_text(serving, req.prompt, i, ids) for i, ids in enumerate(prompts)] if req.echo else []
     return CompletionJob(req, trace, model, prompts, texts, params, int(time.time()))
+
+
+def check_completion(serving: Serving, req: CompletionRequest) -> tuple[str, SamplingParams]:
+    """The model name and sampling params of a request whose prompt arrives whole or streamed in."""
+    model = serving.check_model(req.model)
+    _check_supported(req)
+    try:
+        params = completion_sampling_params(req, serving.generation_config)
+        serving.check_params(params)
+    except ValidationError as exc:
+        raise sampling_error(exc, {}) from exc
+    return model, params
 
 
 def _check_supported(req: CompletionRequest) -> None:
@@ -64,7 +72,7 @@ def _check_supported(req: CompletionRequest) -> None:
                           "unsupported")
 
 
-def _prompt_ids(serving: Serving, prompt) -> list[list[int]]:
+def prompt_token_ids(serving: Serving, prompt) -> list[list[int]]:
     """str | list[str] | list[int] | list[list[int]] -> one id list per prompt."""
     if isinstance(prompt, str):
         prompt = [prompt]
@@ -120,11 +128,13 @@ def _choices(serving: Serving, job: CompletionJob) -> dict[tuple[int, int], Choi
     return {(p, j): ChoiceText(serving, job, p * n + j, p) for p in range(len(job.prompts)) for j in range(n)}
 
 
-async def stream_completion(serving: Serving, job: CompletionJob) -> AsyncIterator[bytes]:
+async def stream_completion(serving: Serving, job: CompletionJob, deltas: Deltas | None = None,
+                            ) -> AsyncIterator[bytes]:
+    """`deltas` replaces running job.prompts (streamed input brings its own: rill.openai.streaming)."""
     choices = _choices(serving, job)
     status = 499
     try:
-        async with aclosing(serving.run(job.trace, job.prompts, job.params)) as deltas:
+        async with aclosing(deltas or serving.run(job.trace, job.prompts, job.params)) as deltas:
             async for p, delta in deltas:
                 if delta.error is not None:
                     raise ApiError(500, delta.error, code="engine_error")
@@ -144,12 +154,12 @@ async def stream_completion(serving: Serving, job: CompletionJob) -> AsyncIterat
         serving.finish(job.trace, status)
 
 
-async def complete(serving: Serving, job: CompletionJob) -> Completion:
+async def complete(serving: Serving, job: CompletionJob, deltas: Deltas | None = None) -> Completion:
     choices = _choices(serving, job)
     results = {key: CompletionChoice(c.index, "", CompletionLogprobs() if job.params.logprobs is not None else None)
                for key, c in choices.items()}
     cached: dict[int, int] = {}  # prompt index -> its tokens found in the prefix cache
-    async with aclosing(serving.run(job.trace, job.prompts, job.params)) as deltas:
+    async with aclosing(deltas or serving.run(job.trace, job.prompts, job.params)) as deltas:
         async for p, delta in deltas:
             if delta.error is not None:
                 raise ApiError(500, delta.error, code="engine_error")

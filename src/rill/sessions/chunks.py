@@ -1,0 +1,61 @@
+"""InputChunk: one piece of a session's input, as every streaming-input transport carries it.
+
+    {"sequence_id": 3, "modality": "text", "payload": "the next words", "end_of_input": false}
+
+`payload` is text for `text`, a list of token ids for `tokens`, and base64 for `audio` (bytes on
+a JSON wire). Sizes are counted in bytes: UTF-8 for text, 4 per token id, the decoded bytes for
+audio.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Annotated
+
+import msgspec
+
+from rill.sessions.errors import PayloadTooLarge, UnsupportedModality
+
+BYTES_PER_TOKEN_ID = 4
+
+
+class Modality(str, enum.Enum):
+    TEXT = "text"
+    TOKENS = "tokens"
+    AUDIO = "audio"
+
+
+class InputChunk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # None only where the transport numbers chunks itself (Mode A lines take the next id).
+    sequence_id: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    modality: Modality = Modality.TEXT
+    payload: str | list[int] = ""
+    end_of_input: bool = False
+
+    @property
+    def num_payload_bytes(self) -> int:
+        if isinstance(self.payload, list):
+            return BYTES_PER_TOKEN_ID * len(self.payload)
+        if self.modality is Modality.AUDIO:
+            return len(self.payload) * 3 // 4  # base64
+        return len(self.payload.encode())
+
+    @property
+    def digest(self) -> bytes:
+        """What a repeated sequence id is compared by: same digest, same chunk."""
+        return hashlib.blake2b(msgspec.json.encode(self), digest_size=16).digest()
+
+
+def check_chunk(chunk: InputChunk, max_chunk_bytes: int) -> None:
+    """What a chunk must be on its own, before it touches a session."""
+    if chunk.modality is Modality.AUDIO:
+        raise UnsupportedModality("modality 'audio' is not supported: no served model has an audio front end; "
+                                  "send text or tokens", param="modality")
+    if (chunk.modality is Modality.TOKENS) != isinstance(chunk.payload, list):
+        want = "a list of token ids" if chunk.modality is Modality.TOKENS else "a string"
+        raise UnsupportedModality(f"modality {chunk.modality.value!r} needs {want} as payload", param="payload",
+                                  code="invalid_value")
+    if chunk.num_payload_bytes > max_chunk_bytes:
+        raise PayloadTooLarge(f"the chunk's payload is {chunk.num_payload_bytes} bytes; max_chunk_bytes is "
+                              f"{max_chunk_bytes}", param="payload", code="chunk_too_large")
