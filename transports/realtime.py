@@ -1,0 +1,395 @@
+"""RealtimeConnection: the realtime protocol, sans-IO. Client frames and engine deltas in, server
+events out; engine commands go through a small `EngineLink` (non-blocking calls). No socket
+here: `realtime_driver` pumps a WebSocket through it, and tests drive it with the real engine.
+
+A connection is in one `State` at a time, changed only through `TRANSITIONS`:
+
+    IDLE --text append--> STREAMING --text commit--> COMMITTED --response.create--> RESPONDING
+    IDLE --response.create--> RESPONDING --done / cancel--> IDLE
+
+STREAMING means an engine session is open and prefills the user's text as it arrives, over the
+conversation so far. In `respond_per_chunk` mode (vLLM's) the session answers every chunk: its
+answers are out-of-band responses (STREAMING <-> ANSWERING); a chunk that arrives mid-answer
+ends that answer (status cancelled, reason turn_detected) and the generated tokens stay in the
+context; commit closes the message and the answer to all of it is the in-band response.
+In `respond_at_end` mode text that arrives while a response generates waits for it to end.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rill.openai.serving import Serving
+from rill.outputs import RequestDelta
+from rill.sampling_params import SamplingParams
+from rill.transports.realtime_audio import AudioInput, AudioLimits, audio_front_end
+from rill.transports.realtime_conversation import (
+    Conversation, Settings, as_realtime_error, check_client_item, user_text_item,
+)
+from rill.transports.realtime_events import (
+    ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
+    InputAudioBufferCleared, InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit,
+    InputTextBufferCommitted, RealtimeError, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent,
+    SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
+    new_id,
+)
+from rill.transports.realtime_input import IncrementalEncoder, InputTurn, split_prompt
+from rill.transports.realtime_response import Dialect, ResponseStream, end_status
+from rill.transports.realtime_state import TRANSITIONS, Move, State
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+TURN_DETECTED = StatusDetails("cancelled", "turn_detected")
+
+
+class EngineLink(Protocol):
+    """The engine calls a connection makes; each returns at once (see AsyncEngine)."""
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+    def open_session(self, request_id: str, params: SamplingParams, *, respond_per_chunk: bool,
+                     prompt_token_ids: list[int]) -> None: ...
+    def append(self, request_id: str, token_ids: list[int]) -> None: ...
+    def finish(self, request_id: str, max_tokens: int | None) -> None: ...
+    def abort(self, request_id: str) -> None: ...
+
+
+class RealtimeConnection:
+    def __init__(self, serving: Serving, engine: EngineLink, *, dialect: Dialect = Dialect.GA,
+                 model: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 audio_limits: AudioLimits | None = None):
+        self.serving, self.engine, self.dialect = serving, engine, dialect
+        self.max_message_bytes = max_message_bytes
+        self.state = State.IDLE
+        self.session_id, self.conversation_id = new_id("sess"), new_id("conv")
+        self.settings = Settings(model=serving.check_model(model))
+        self.conversation = Conversation()
+        self.audio = AudioInput(audio_front_end(serving.engine.core.model_config), audio_limits)
+        self.num_requests = 0
+        self._turn: InputTurn | None = None
+        self._response: ResponseStream | None = None
+        self._request_id: str | None = None  # the engine request whose deltas this connection reads
+        self._answer_prompt_tokens = 0  # respond_per_chunk: the latest answer's prompt length
+        self._pending: list[str] = []  # respond_at_end: text that arrived during a response
+        self._pending_commit = False
+        self._out: list[ServerEvent] = []
+
+    @property
+    def is_busy(self) -> bool:
+        """Whether output is being generated (an idle timeout waits for it)."""
+        return self.state in (State.RESPONDING, State.ANSWERING)
+
+    # -- events in, events out ----------------------------------------------------------------------------
+
+    def start(self) -> list[ServerEvent]:
+        return [SessionCreated(session=self.settings.wire(self.session_id))]
+
+    def receive_message(self, data: str | bytes) -> list[ServerEvent]:
+        """One client frame."""
+        event_id = None
+        try:
+            event = self._decode(data)
+            event_id = event.event_id
+            self._dispatch(event)
+        except Exception as exc:  # noqa: BLE001 - rill's own errors become error events; others propagate
+            self._report(exc, event_id)
+        return self._take()
+
+    def receive_delta(self, delta: RequestDelta) -> list[ServerEvent]:
+        """One engine delta for a request this connection made."""
+        if delta.request_id != self._request_id:
+            return []  # the last words of a request already aborted
+        if delta.error is not None:
+            self._engine_failed(delta)
+        elif self.state is State.RESPONDING:
+            self._response_delta(delta)
+        elif self._turn is not None and self._turn.per_chunk:
+            self._answer_delta(delta)
+        return self._take()
+
+    def close(self) -> None:
+        """The client left: abort what runs (its KV is free by the engine's next step)."""
+        if self._request_id is not None:
+            self.engine.abort(self._request_id)
+            self._request_id = None
+
+    def _report(self, exc: Exception, event_id: str | None) -> None:
+        error = as_realtime_error(exc)
+        self._out.append(error_event(error, error.event_id or event_id))
+
+    def _take(self) -> list[ServerEvent]:
+        out, self._out = self._out, []
+        return out
+
+    def _move(self, move: Move) -> None:
+        self.state = TRANSITIONS[(self.state, move)]
+
+    def _decode(self, data: str | bytes):
+        if isinstance(data, bytes):
+            raise RealtimeError("binary_not_supported", "send events as JSON text frames; this protocol has no "
+                                "binary frames (audio goes base64 in input_audio_buffer.append)")
+        size = len(data.encode())
+        if size > self.max_message_bytes:
+            raise RealtimeError("message_too_large", f"an event is at most {self.max_message_bytes} bytes; this "
+                                f"one has {size}: split it (several appends)")
+        return decode_client_event(data)
+
+    def _dispatch(self, event) -> None:
+        match event:
+            case SessionUpdate():
+                self._session_update(event)
+            case InputTextBufferAppend():
+                self._text_append(event.delta)
+            case InputTextBufferCommit():
+                self._text_commit()
+            case ConversationItemCreate():
+                self._item_create(event)
+            case ResponseCreate():
+                self._response_create(event.response)
+            case ResponseCancel():
+                self._response_cancel(event.response_id)
+            case InputAudioBufferAppend():
+                self.audio.append(event.audio, self.settings.audio_rate_hz)
+            case InputAudioBufferCommit():
+                self.audio.commit()
+            case InputAudioBufferClear():
+                self._out.append(InputAudioBufferCleared())
+
+    # -- session and conversation ---------------------------------------------------------------------------
+
+    def _session_update(self, event: SessionUpdate) -> None:
+        config = event.session or SessionConfig()
+        config.model = config.model or event.model
+        before = self._prompt_shape()
+        self.settings.update(config, self.serving)
+        self._out.append(SessionUpdated(session=self.settings.wire(self.session_id)))
+        if self._prompt_shape() != before:
+            self._input_changed()
+
+    def _prompt_shape(self):
+        s = self.settings
+        return s.instructions, s.template_tools, s.tool_prefix, s.temperature
+
+    def _item_create(self, event: ConversationItemCreate) -> None:
+        item = check_client_item(event.item)
+        previous = self.conversation.add(item, event.previous_item_id)
+        self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+        self._input_changed()
+
+    def _input_changed(self) -> None:
+        """The conversation or the prompt's shape changed under an open input session."""
+        if self.state is State.COMMITTED:
+            self._drop_input()  # its message is in the conversation; response.create renders it anew
+        elif self.state in (State.STREAMING, State.ANSWERING):
+            text = self._turn.text
+            self._drop_input()
+            self._open_input(text)
+
+    # -- streamed text input ------------------------------------------------------------------------------------
+
+    def _text_append(self, text: str) -> None:
+        if not text:
+            return
+        if self.state is State.RESPONDING:
+            self._pending.append(text)
+            return
+        if self.state is State.COMMITTED:
+            self._drop_input()
+        if self.state is State.ANSWERING:
+            self._end_answer("cancelled", TURN_DETECTED)
+        if self.state is State.IDLE:
+            self._open_input(text)
+        else:
+            self._feed(text)
+
+    def _open_input(self, text: str) -> None:
+        tokenizer, settings = self.serving.tokenizer, self.settings
+        split = split_prompt(tokenizer, self.conversation.messages(settings.instructions), settings.template_tools)
+        per_chunk = settings.output_mode == "respond_per_chunk"
+        turn = InputTurn(self._new_request_id(), IncrementalEncoder(tokenizer), split.suffix + settings.tool_prefix,
+                         per_chunk, text)
+        ids = turn.encoder.feed(split.prefix) + self._encode(turn, text)
+        self._check_length(turn)
+        params = settings.sampling_params(self.serving)
+        params.max_tokens = settings.max_output_tokens if per_chunk else None  # respond_at_end: set at finish
+        self.engine.open_session(turn.request_id, params, respond_per_chunk=per_chunk, prompt_token_ids=ids)
+        self._turn, self._request_id, self._answer_prompt_tokens = turn, turn.request_id, 0
+        self._move(Move.OPEN_INPUT)
+
+    def _feed(self, text: str) -> None:
+        turn = self._turn
+        turn.text += text
+        ids = self._encode(turn, text)
+        self._check_length(turn)
+        if ids:
+            self.engine.append(turn.request_id, ids)
+
+    def _encode(self, turn: InputTurn, text: str) -> list[int]:
+        # A chunk the model answers at once must be seen whole; otherwise wait for stable tokens.
+        return turn.encoder.feed(text) + (turn.encoder.flush() if turn.per_chunk else [])
+
+    def _check_length(self, turn: InputTurn) -> None:
+        limit = self.serving.max_model_len
+        if turn.encoder.num_tokens < limit:
+            return
+        if self._turn is turn:
+            self._drop_input()
+        raise RealtimeError("context_length_exceeded", f"the streamed message reaches {turn.encoder.num_tokens} "
+                                f"tokens with the conversation; this model's maximum context length is {limit}. "
+                                "The message was dropped", "delta")
+
+    def _text_commit(self, options: ResponseOptions | None = None) -> None:
+        if self.state is State.RESPONDING and self._pending:
+            self._pending_commit = True
+            return
+        if self.state not in (State.STREAMING, State.ANSWERING):
+            raise RealtimeError("input_text_buffer_commit_empty", "there is no streamed text to commit")
+        if self.state is State.ANSWERING:
+            self._end_answer("cancelled", TURN_DETECTED)
+        turn = self._turn
+        self._add_user_item(committed=True)
+        self.engine.append(turn.request_id, turn.encoder.feed(turn.suffix) + turn.encoder.flush())
+        if turn.per_chunk:
+            self._finish_input(self.settings.max_tokens(options))  # the whole message is answered now
+        else:
+            self._move(Move.COMMIT_INPUT)
+
+    def _drop_input(self) -> None:
+        if self.state is State.ANSWERING:
+            self._end_answer("cancelled", StatusDetails("cancelled", "client_cancelled"))
+        self.engine.abort(self._turn.request_id)
+        self._turn = self._request_id = None
+        self._move(Move.DROP_INPUT)
+
+    # -- responses ------------------------------------------------------------------------------------------------
+
+    def _response_create(self, options: ResponseOptions | None) -> None:
+        if self.state is State.RESPONDING:
+            raise RealtimeError("conversation_already_has_active_response", f"response {self._response.id} is "
+                                "still in progress; cancel it or wait for response.done")
+        if self.state in (State.STREAMING, State.ANSWERING):
+            self._text_commit(options)
+            if self.state is State.RESPONDING:
+                return
+        overrides = options is not None and (options.instructions is not None or options.temperature is not None)
+        if self.state is State.COMMITTED and overrides:
+            self._drop_input()  # another system prompt or sampler than the session was opened with
+        if self.state is State.COMMITTED:
+            self._finish_input(self.settings.max_tokens(options))
+        else:
+            self._submit(options)
+
+    def _finish_input(self, max_tokens: int | None) -> None:
+        turn = self._turn
+        self.serving.check_fits(turn.encoder.num_tokens, max_tokens, "max_output_tokens")
+        self.engine.finish(turn.request_id, max_tokens)
+        self._start_response(turn.request_id, max_tokens)
+
+    def _submit(self, options: ResponseOptions | None) -> None:
+        instructions = self.settings.instructions
+        if options is not None and options.instructions is not None:
+            instructions = options.instructions
+        messages = self.conversation.messages(instructions)
+        if not messages:
+            raise RealtimeError("conversation_empty", "there is nothing to answer: create an item or stream text "
+                                "(input_text_buffer.append) first")
+        tokenizer = self.serving.tokenizer
+        text = tokenizer.apply_chat_template(messages, tools=self.settings.template_tools)
+        prompt = tokenizer.encode(text + self.settings.tool_prefix, add_special_tokens=False)
+        params = self.settings.sampling_params(self.serving, options)
+        self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
+        self.serving.check_ready()
+        request_id = self._new_request_id()
+        self.engine.submit(request_id, prompt, params)
+        self._start_response(request_id, params.max_tokens)
+
+    def _new_response(self, in_band: bool, max_tokens: int | None) -> ResponseStream:
+        parse_tools = self.settings.template_tools is not None and self.serving.options.tool_call_parser is not None
+        return ResponseStream(self.dialect, parse_tools=parse_tools, max_output_tokens=max_tokens,
+                              add_item=self.conversation.add if in_band else None,
+                              conversation_id=self.conversation_id if in_band else None,
+                              tool_prefix=self.settings.tool_prefix if in_band else "")
+
+    def _start_response(self, request_id: str, max_tokens: int | None) -> None:
+        self._request_id = request_id
+        self._response = self._new_response(True, max_tokens)
+        self._out.append(self._response.created())
+        self._move(Move.START_RESPONSE)
+
+    def _response_delta(self, delta: RequestDelta) -> None:
+        if delta.num_prompt_tokens < self._answer_prompt_tokens:
+            return  # respond_per_chunk: the tail of an answer the final message interrupted
+        self._out += self._response.on_delta(delta)
+        if delta.finished:
+            self._end_response(*end_status(delta))
+
+    def _end_response(self, status: str, details: StatusDetails | None = None) -> None:
+        self._out += self._response.finish(status, details)
+        self._response = self._turn = self._request_id = None
+        self._move(Move.END_RESPONSE)
+        self._replay_pending()
+
+    def _replay_pending(self) -> None:
+        text, self._pending = "".join(self._pending), []
+        commit, self._pending_commit = self._pending_commit, False
+        try:
+            if text:
+                self._open_input(text)
+            if commit:
+                self._text_commit()
+        except Exception as exc:  # noqa: BLE001 - as in receive_message
+            self._report(exc, None)
+
+    def _response_cancel(self, response_id: str | None) -> None:
+        if self._response is None or response_id not in (None, self._response.id):
+            raise RealtimeError("response_cancel_not_active", "no response is in progress" if response_id is None
+                                else f"response {response_id!r} is not in progress", "response_id")
+        if self.state is State.ANSWERING:  # the session goes: what was typed so far stays in the conversation
+            self._add_user_item(committed=False)
+            self._drop_input()
+            return
+        self.engine.abort(self._request_id)
+        self._end_response("cancelled", StatusDetails("cancelled", "client_cancelled"))
+
+    def _add_user_item(self, committed: bool) -> None:
+        """The streamed text so far becomes a user message item."""
+        item = user_text_item(self._turn.text)
+        previous = self.conversation.add(item)
+        if committed:
+            self._out.append(InputTextBufferCommitted(item_id=item.id, previous_item_id=previous))
+        self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+
+    # -- respond_per_chunk answers ------------------------------------------------------------------------------
+
+    def _answer_delta(self, delta: RequestDelta) -> None:
+        num_prompt = delta.num_prompt_tokens
+        if num_prompt < self._answer_prompt_tokens or (self.state is State.STREAMING
+                                                       and num_prompt == self._answer_prompt_tokens):
+            return  # the tail of an interrupted answer
+        if self.state is State.ANSWERING and num_prompt > self._answer_prompt_tokens:
+            self._end_answer("cancelled", TURN_DETECTED)
+        if self.state is State.STREAMING:
+            self._answer_prompt_tokens = num_prompt
+            self._response = self._new_response(False, self.settings.max_output_tokens)
+            self._out.append(self._response.created())
+            self._move(Move.START_ANSWER)
+        self._out += self._response.on_delta(delta)
+        if delta.turn_finish_reason is not None:
+            self._end_answer(*end_status(delta))
+
+    def _end_answer(self, status: str, details: StatusDetails | None = None) -> None:
+        self._out += self._response.finish(status, details)
+        self._response = None
+        self._move(Move.END_ANSWER)
+
+    def _engine_failed(self, delta: RequestDelta) -> None:
+        if self.state is State.RESPONDING:
+            self._end_response(*end_status(delta))
+            return
+        if self.state is State.ANSWERING:
+            self._end_answer(*end_status(delta))
+        self._turn = self._request_id = None
+        self._move(Move.DROP_INPUT)
+        self._out.append(error_event(RealtimeError("engine_error", delta.error, kind="server_error"), None))
+
+    def _new_request_id(self) -> str:
+        self.num_requests += 1
+        return f"rt-{self.session_id}-{self.num_requests}"

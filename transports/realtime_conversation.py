@@ -1,0 +1,247 @@
+"""A realtime connection's state that outlives one response: the session settings and the
+conversation items, and how they become a prompt (the chat template over the items as chat
+messages, with `instructions` as the system message and the session's tools)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import msgspec
+
+from rill.errors import ValidationError
+from rill.openai.errors import ApiError
+from rill.openai.serving import Serving
+from rill.openai.tool_parser import TOOL_CALL_START
+from rill.sampling_params import SamplingParams
+from rill.transports.realtime_audio import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
+from rill.transports.realtime_events import (
+    AudioFormat, ContentPart, Item, RealtimeError, ResponseOptions, Session, SessionConfig, Tool,
+    ToolChoiceFunction, new_id,
+)
+
+OUTPUT_MODES = ("respond_at_end", "respond_per_chunk")
+_TEXT_PARTS = {"user": ("input_text", "text"), "system": ("input_text", "text"),
+               "assistant": ("text", "output_text")}
+
+
+def as_realtime_error(exc: Exception) -> RealtimeError:
+    """rill's own validation errors, in the realtime protocol's shape."""
+    if isinstance(exc, RealtimeError):
+        return exc
+    if isinstance(exc, ApiError):
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return RealtimeError(exc.code or "invalid_value", exc.message, exc.param, kind)
+    if isinstance(exc, ValidationError):
+        return RealtimeError(exc.code, exc.message, exc.param)
+    raise exc
+
+
+@dataclass
+class Settings:
+    """The session as session.update leaves it."""
+
+    model: str
+    instructions: str = ""
+    temperature: float | None = None  # None: the model's generation_config, then 1.0
+    max_output_tokens: int | None = None  # None: "inf", the room left in the context
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str | ToolChoiceFunction = "auto"
+    output_mode: str = "respond_at_end"
+    audio_rate_hz: int = MODEL_RATE_HZ
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [{"type": "function", "function": msgspec_dict(t, exclude=("type",))} for t in self.tools]
+
+    @property
+    def tool_prefix(self) -> str:
+        """The start of a call, written after the answer's start, when tool_choice forces one."""
+        choice = self.tool_choice
+        if choice == "required":
+            return TOOL_CALL_START + '\n{"name": "'
+        if isinstance(choice, ToolChoiceFunction):
+            return f'{TOOL_CALL_START}\n{{"name": {json.dumps(choice.name, ensure_ascii=False)}, "arguments": '
+        return ""
+
+    def update(self, config: SessionConfig, serving: Serving) -> None:
+        """Apply a session.update after validating all of it (nothing changes when it fails)."""
+        new = Settings(**self.__dict__)
+        if config.model is not None:
+            new.model = serving.check_model(config.model)
+        for name in ("instructions", "temperature", "tool_choice", "output_mode", "tools"):
+            if getattr(config, name) is not None:
+                setattr(new, name, getattr(config, name))
+        limit = config.max_output_tokens if config.max_output_tokens is not None else config.max_response_output_tokens
+        if limit is not None:
+            new.max_output_tokens = _token_limit(limit, "session.max_response_output_tokens")
+        _check_modalities(config.output_modalities or config.modalities)
+        _check_tool_choice(new, serving)
+        new.audio_rate_hz = _audio_rate(config) or new.audio_rate_hz
+        new.sampling_params(serving)  # validates temperature
+        self.__dict__.update(new.__dict__)
+
+    def sampling_params(self, serving: Serving, options: ResponseOptions | None = None) -> SamplingParams:
+        fields = {"max_tokens": self.max_tokens(options)}
+        temperature = options.temperature if options and options.temperature is not None else self.temperature
+        if temperature is not None:
+            fields["temperature"] = temperature
+        try:
+            params = SamplingParams.from_generation_config(serving.generation_config, **fields)
+            serving.check_params(params)
+        except ValidationError as exc:
+            raise RealtimeError(exc.code, exc.message, f"session.{exc.param}") from exc
+        return params
+
+    def max_tokens(self, options: ResponseOptions | None) -> int | None:
+        if options is not None:
+            limit = options.max_output_tokens if options.max_output_tokens is not None \
+                else options.max_response_output_tokens
+            if limit is not None:
+                return _token_limit(limit, "response.max_output_tokens")
+        return self.max_output_tokens
+
+    def wire(self, session_id: str) -> Session:
+        return Session(
+            id=session_id, model=self.model, instructions=self.instructions, modalities=["text"],
+            output_modalities=["text"], input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),
+            temperature=self.temperature, tools=self.tools, tool_choice=self.tool_choice,
+            max_response_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            output_mode=self.output_mode,
+        )
+
+
+def msgspec_dict(value, exclude: tuple[str, ...] = ()) -> dict:
+    return {k: v for k, v in msgspec.to_builtins(value).items() if k not in exclude}
+
+
+def _token_limit(value: int | str, param: str) -> int | None:
+    if value == "inf":
+        return None
+    if value < 1:
+        raise RealtimeError("invalid_value", f"{param} must be at least 1 or \"inf\"; got {value}", param)
+    return value
+
+
+def _check_tool_choice(settings: Settings, serving: Serving) -> None:
+    choice = settings.tool_choice
+    if choice in ("auto", "none"):
+        return
+    if not settings.tools:
+        raise RealtimeError("invalid_value", "tool_choice asks for a tool call but the session has no tools",
+                            "session.tool_choice")
+    if serving.options.tool_call_parser is None:
+        raise RealtimeError("unsupported", "a forced tool_choice needs a tool-call parser (--tool-call-parser)",
+                            "session.tool_choice")
+    if isinstance(choice, ToolChoiceFunction) and choice.name not in {t.name for t in settings.tools}:
+        raise RealtimeError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools",
+                            "session.tool_choice")
+
+
+def _check_modalities(modalities: list[str] | None) -> None:
+    if modalities is not None and "text" not in modalities:
+        raise RealtimeError("invalid_value", f"rill answers in text only; modalities {modalities} have no \"text\"",
+                            "session.modalities")
+
+
+def _audio_rate(config: SessionConfig) -> int | None:
+    fmt = config.input_audio_format
+    if config.audio is not None and config.audio.input is not None:
+        fmt = config.audio.input.format or fmt
+    rate = fmt.rate if isinstance(fmt, AudioFormat) else None
+    if rate is not None and rate not in SUPPORTED_RATES_HZ:
+        raise RealtimeError("invalid_value", f"input audio must be PCM16 at {' or '.join(map(str, SUPPORTED_RATES_HZ))} "
+                            f"Hz; got {rate}", "session.input_audio_format.rate")
+    return rate
+
+
+class Conversation:
+    """The connection's items, in order. Response output items join as they are added."""
+
+    def __init__(self):
+        self.items: list[Item] = []
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after `previous_item_id` ("root": first; None: last); return the id now before it."""
+        item.id = item.id or new_id("item")
+        item.object = "realtime.item"
+        at = self._insert_at(previous_item_id)
+        self.items.insert(at, item)
+        return self.items[at - 1].id if at else None
+
+    def _insert_at(self, previous_item_id: str | None) -> int:
+        if previous_item_id is None:
+            return len(self.items)
+        if previous_item_id == "root":
+            return 0
+        for i, item in enumerate(self.items):
+            if item.id == previous_item_id:
+                return i + 1
+        raise RealtimeError("item_not_found", f"no conversation item {previous_item_id!r}", "previous_item_id")
+
+    @property
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def messages(self, instructions: str) -> list[dict]:
+        """The items as chat messages: consecutive function calls join one assistant message."""
+        out = [{"role": "system", "content": instructions}] if instructions else []
+        for item in self.items:
+            if item.type == "message":
+                out.append({"role": item.role, "content": item_text(item)})
+            elif item.type == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+            else:
+                if not out or out[-1]["role"] != "assistant":
+                    out.append({"role": "assistant", "content": ""})
+                out[-1].setdefault("tool_calls", []).append(_tool_call(item))
+        return out
+
+
+def _tool_call(item: Item) -> dict:
+    try:
+        arguments = json.loads(item.arguments or "{}")
+    except json.JSONDecodeError:
+        arguments = item.arguments
+    return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
+
+
+def item_text(item: Item) -> str:
+    return "\n".join(part.text or "" for part in item.content or [])
+
+
+def user_text_item(text: str) -> Item:
+    return Item(type="message", role="user", status="completed", content=[ContentPart("input_text", text)])
+
+
+def check_client_item(item: Item) -> Item:
+    """A conversation.item.create item rill can render, marked completed."""
+    if item.type == "message":
+        _check_message(item)
+    elif item.type == "function_call":
+        _require(item, ("call_id", "name", "arguments"))
+    else:
+        _require(item, ("call_id", "output"))
+    item.status = "completed"
+    return item
+
+
+def _check_message(item: Item) -> None:
+    if item.role is None or item.content is None:
+        raise RealtimeError("missing_required_parameter", "a message item needs `role` and `content`",
+                            "item.role" if item.role is None else "item.content")
+    for i, part in enumerate(item.content):
+        if part.type == "input_audio":
+            raise RealtimeError("audio_not_supported", "this model has no audio front end: send input_text parts",
+                                f"item.content[{i}].type")
+        if part.type not in _TEXT_PARTS[item.role] or part.text is None:
+            raise RealtimeError("invalid_value", f"a {item.role} message holds {' or '.join(_TEXT_PARTS[item.role])} "
+                                f"parts with `text`; got {part.type!r}", f"item.content[{i}]")
+
+
+def _require(item: Item, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(item, name) is None:
+            raise RealtimeError("missing_required_parameter", f"a {item.type} item needs `{name}`", f"item.{name}")

@@ -1,0 +1,293 @@
+"""What both realtime WebSocket adapters share: the limits (`RealtimeConfig`), admission (API key,
+connection cap; `RealtimeHub`), and `run_connection`, the task that pumps one WebSocket through
+a `RealtimeConnection` and the engine's output channels into it.
+
+One connection is three kinds of task joined by one bounded inbox: the client reader, one pump
+per engine request, and the main loop, which feeds the handler and sends what it returns. When
+the client leaves (or the idle timeout, or a missing pong, ends it) the handler aborts its engine
+request, whose KV is then free by the engine's next step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from rill.openai.serving import Serving
+from rill.outputs import RequestDelta
+from rill.transports.realtime import DEFAULT_MAX_MESSAGE_BYTES, RealtimeConnection
+from rill.transports.realtime_events import RealtimeError, encode, error_event
+from rill.transports.realtime_response import Dialect
+
+log = logging.getLogger("rill.realtime")
+
+INSECURE_KEY_PROTOCOL = "openai-insecure-api-key."  # browsers cannot set headers on a WebSocket
+BETA_PROTOCOL = "openai-beta.realtime-v1"
+# Frames past this close the connection (1009) in the WebSocket library itself; below it and over
+# max_message_bytes they get an error event. hypercorn's default for websocket_max_message_size.
+MAX_FRAME_BYTES = 16 << 20
+INBOX_SIZE = 64
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_INTERNAL_ERROR = 1011
+
+
+@dataclass
+class RealtimeConfig:
+    """Limits of /v1/realtime and of the raw listener. `rill serve` fills it from flags and RILL_*."""
+
+    ws_port: int | None = None  # the raw trio-websocket listener; None: off
+    idle_timeout_s: float = 300.0  # no client event and no output for this long: close
+    max_connections: int = 256  # both listeners together
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ping_interval_s: float | None = 20.0  # None: no pings; a pong must come back within the interval
+
+    @classmethod
+    def from_env(cls) -> RealtimeConfig:
+        env = os.environ.get
+        port, ping = env("RILL_WS_PORT"), env("RILL_WS_PING_INTERVAL_S")
+        return cls(
+            ws_port=int(port) if port else None,
+            idle_timeout_s=float(env("RILL_WS_IDLE_TIMEOUT_S", 300.0)),
+            max_connections=int(env("RILL_WS_MAX_CONNECTIONS", 256)),
+            max_message_bytes=int(env("RILL_WS_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES)),
+            ping_interval_s=None if ping in ("0", "none") else float(ping or 20.0),
+        )
+
+
+def add_realtime_args(p: argparse.ArgumentParser) -> None:
+    """`rill serve` flags; their defaults come from RILL_WS_* (see RealtimeConfig.from_env)."""
+    env = RealtimeConfig.from_env()
+    g = p.add_argument_group("realtime WebSocket API (/v1/realtime, and the raw listener)")
+    g.add_argument("--ws-port", type=int, default=env.ws_port,
+                   help="also serve the realtime protocol on a raw WebSocket listener on this port (0: any free "
+                   "port; default: off) [RILL_WS_PORT]")
+    g.add_argument("--ws-idle-timeout-s", type=float, default=env.idle_timeout_s,
+                   help="close a connection with no client event and no output for this long [RILL_WS_IDLE_TIMEOUT_S]")
+    g.add_argument("--ws-max-connections", type=int, default=env.max_connections,
+                   help="realtime connections open at once, both listeners together [RILL_WS_MAX_CONNECTIONS]")
+    g.add_argument("--ws-max-message-bytes", type=int, default=env.max_message_bytes,
+                   help="larger client events get an error event [RILL_WS_MAX_MESSAGE_BYTES]")
+    g.add_argument("--ws-ping-interval-s", type=float, default=env.ping_interval_s or 0.0,
+                   help="server pings; a pong must come back within one interval (0: off) [RILL_WS_PING_INTERVAL_S]")
+
+
+def realtime_config(args: argparse.Namespace) -> RealtimeConfig:
+    return RealtimeConfig(ws_port=args.ws_port, idle_timeout_s=args.ws_idle_timeout_s,
+                          max_connections=args.ws_max_connections, max_message_bytes=args.ws_max_message_bytes,
+                          ping_interval_s=args.ws_ping_interval_s or None)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A handshake answered with an HTTP status instead of an upgrade."""
+
+    status: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Handshake:
+    """What the connection needs from the upgrade request."""
+
+    dialect: Dialect
+    subprotocol: str | None  # echoed back (browsers fail a connection that offers some and gets none)
+    model: str | None
+
+
+class RealtimeHub:
+    """Admission for both listeners: API key, connection cap, engine readiness."""
+
+    def __init__(self, config: RealtimeConfig, api_key: str | None, get_serving: Callable[[], Serving | None]):
+        self.config, self.api_key = config, api_key
+        self._get_serving = get_serving
+        self.num_connections = 0
+        self.num_refused = 0
+
+    @property
+    def serving(self) -> Serving | None:
+        return self._get_serving()
+
+    def admit(self, headers: Mapping[str, str], subprotocols: Sequence[str], query: Mapping[str, str]
+              ) -> Handshake | Refusal:
+        refusal = self._refusal(headers, subprotocols, query)
+        if refusal is not None:
+            self.num_refused += 1
+            log.info("realtime handshake refused: %d %s", refusal.status, refusal.code)
+            return refusal
+        beta = BETA_PROTOCOL in subprotocols or "realtime=v1" in headers.get("openai-beta", "")
+        return Handshake(Dialect.BETA if beta else Dialect.GA, _pick_subprotocol(subprotocols), query.get("model"))
+
+    def _refusal(self, headers, subprotocols, query) -> Refusal | None:
+        if not self._authorized(headers, subprotocols):
+            return Refusal(401, "invalid_api_key", "a valid API key is required: send 'Authorization: Bearer <key>' "
+                           f"or the subprotocol '{INSECURE_KEY_PROTOCOL}<key>'")
+        serving = self.serving
+        if serving is None or not serving.engine.is_alive:
+            return Refusal(503, "engine_dead", "the engine is not running")
+        if self.num_connections >= self.config.max_connections:
+            return Refusal(503, "too_many_connections", f"{self.num_connections} realtime connections are open "
+                           f"(limit {self.config.max_connections}); retry shortly")
+        model = query.get("model")
+        if model is not None and model not in serving.model_names:
+            return Refusal(404, "model_not_found", f"the model {model!r} does not exist; this server serves "
+                           f"{serving.model_names}")
+        return None
+
+    def _authorized(self, headers: Mapping[str, str], subprotocols: Sequence[str]) -> bool:
+        if self.api_key is None:
+            return True
+        offered = [headers.get("authorization", "")]
+        offered += [f"Bearer {p[len(INSECURE_KEY_PROTOCOL):]}" for p in subprotocols
+                    if p.startswith(INSECURE_KEY_PROTOCOL)]
+        expected = f"Bearer {self.api_key}".encode()
+        return any(hmac.compare_digest(given.encode(), expected) for given in offered)
+
+    @contextmanager
+    def counted(self):
+        """Hold a connection slot; enter it right after `admit` (no checkpoint between: the cap holds)."""
+        self.num_connections += 1
+        try:
+            yield
+        finally:
+            self.num_connections -= 1
+
+
+def _pick_subprotocol(offered: Sequence[str]) -> str | None:
+    if "realtime" in offered:
+        return "realtime"
+    return next((p for p in offered if not p.startswith(INSECURE_KEY_PROTOCOL)), None)
+
+
+class RealtimeSocket(Protocol):
+    """An accepted WebSocket, as the adapters wrap it."""
+
+    can_ping: bool
+
+    async def receive(self) -> str | bytes | None: ...  # None: the client left
+    async def send(self, text: str) -> None: ...
+    async def close(self, code: int, reason: str) -> None: ...
+    async def ping(self) -> None: ...  # returns when the pong arrives
+
+
+class ChannelEngineLink:
+    """EngineLink on the real engine: each request's output channel is pumped into one inbox."""
+
+    def __init__(self, engine, nursery: trio.Nursery, inbox: trio.MemorySendChannel):
+        self._engine, self._nursery, self._inbox = engine, nursery, inbox
+
+    def submit(self, request_id, prompt_token_ids, params) -> None:
+        self._pump(self._engine.submit(request_id, prompt_token_ids, params))
+
+    def open_session(self, request_id, params, *, respond_per_chunk, prompt_token_ids) -> None:
+        self._pump(self._engine.open_session(request_id, params, start_after_tokens=1,
+                                             respond_per_chunk=respond_per_chunk, prompt_token_ids=prompt_token_ids))
+
+    def append(self, request_id, token_ids) -> None:
+        self._engine.append(request_id, token_ids)
+
+    def finish(self, request_id, max_tokens) -> None:
+        self._engine.finish(request_id, max_tokens)
+
+    def abort(self, request_id) -> None:
+        self._engine.abort(request_id)
+
+    def _pump(self, recv: trio.MemoryReceiveChannel) -> None:
+        async def pump() -> None:
+            with recv:
+                async for delta in recv:
+                    await self._inbox.send(delta)
+
+        self._nursery.start_soon(pump)
+
+
+class ClientGone:
+    pass
+
+
+async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Handshake) -> None:
+    """Serve one accepted WebSocket until the client leaves or the connection times out (the adapter
+    holds its slot: `with hub.counted()`)."""
+    config = hub.config
+    send_inbox, inbox = trio.open_memory_channel(INBOX_SIZE)
+    async with trio.open_nursery() as nursery:
+        conn = RealtimeConnection(hub.serving, ChannelEngineLink(hub.serving.engine, nursery, send_inbox),
+                                  dialect=handshake.dialect, model=handshake.model,
+                                  max_message_bytes=config.max_message_bytes)
+        log.info("realtime connection %s opened (%d open)", conn.session_id, hub.num_connections)
+        try:
+            nursery.start_soon(_read_client, socket, send_inbox.clone())
+            if socket.can_ping and config.ping_interval_s:
+                nursery.start_soon(_keepalive, socket, config.ping_interval_s, nursery.cancel_scope)
+            await _serve(socket, conn, inbox, config.idle_timeout_s)
+        except Exception:
+            log.exception("realtime connection %s failed", conn.session_id)
+            with trio.move_on_after(1.0, shield=True):
+                await socket.close(CLOSE_INTERNAL_ERROR, "internal error")
+        finally:
+            conn.close()
+            nursery.cancel_scope.cancel()
+            log.info("realtime connection %s closed", conn.session_id)
+
+
+async def _read_client(socket: RealtimeSocket, inbox: trio.MemorySendChannel) -> None:
+    async with inbox:
+        while (message := await socket.receive()) is not None:
+            await inbox.send(message)
+        await inbox.send(ClientGone())
+
+
+async def _serve(socket: RealtimeSocket, conn: RealtimeConnection, inbox, idle_timeout_s: float) -> None:
+    """The main loop: one inbox item at a time through the handler, its events out in order."""
+    if not await _send(socket, conn.start()):
+        return
+    last_activity_s = trio.current_time()
+    while True:
+        item = None
+        with trio.move_on_at(float("inf") if conn.is_busy else last_activity_s + idle_timeout_s):
+            item = await inbox.receive()
+        if item is None:
+            idle = RealtimeError("idle_timeout", f"no event for {idle_timeout_s:g} s: closing the connection")
+            await _send(socket, [error_event(idle, None)])
+            await socket.close(CLOSE_GOING_AWAY, "idle timeout")
+            return
+        if isinstance(item, ClientGone):
+            return
+        last_activity_s = trio.current_time()
+        events = conn.receive_delta(item) if isinstance(item, RequestDelta) else conn.receive_message(item)
+        if not await _send(socket, events):
+            return
+
+
+async def _send(socket: RealtimeSocket, events) -> bool:
+    try:
+        for event in events:
+            await socket.send(encode(event))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return False
+    return True
+
+
+async def _keepalive(socket: RealtimeSocket, interval_s: float, scope: trio.CancelScope) -> None:
+    """Ping every interval; a pong must come back within one (else the peer is gone: close)."""
+    while True:
+        await trio.sleep(interval_s)
+        with trio.move_on_after(interval_s) as waited:
+            try:
+                await socket.ping()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+        if waited.cancelled_caught:
+            log.info("realtime client sent no pong within %.1f s: closing", interval_s)
+            await socket.close(CLOSE_GOING_AWAY, "no pong")
+            scope.cancel()
+            return
