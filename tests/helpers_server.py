@@ -18,6 +18,8 @@ from rill.config import EngineConfig
 from rill.engine.async_engine import AsyncEngine, open_engine
 from rill.openai.serving import Serving
 from rill.transports.http import ServerConfig, create_app
+from rill.transports.realtime_quart import realtime_hub
+from rill.transports.ws import serve_ws
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,6 +37,7 @@ class RunningServer:
     url: str  # http://127.0.0.1:PORT
     engine: AsyncEngine
     app: QuartTrio
+    ws_url: str | None = None  # the raw realtime listener, when ServerConfig.realtime.ws_port is set
 
     @property
     def serving(self) -> Serving:
@@ -60,8 +63,11 @@ async def running_server(model_dir, server: ServerConfig | None = None, **engine
         app = create_app(engine=engine, server=server or ServerConfig())
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(serve, app, hyper)
+            ws_url = None
+            if app.extensions["rill"].server.realtime.ws_port is not None:  # any port asks for one: 0 is used
+                ws_url = await nursery.start(serve_ws, realtime_hub(app), "127.0.0.1", 0)
             try:
-                yield RunningServer(binds[0], engine, app)
+                yield RunningServer(binds[0], engine, app, ws_url)
             finally:
                 nursery.cancel_scope.cancel()
 

@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP app: quart-trio, served by hypercorn with the trio worker.
 
     POST /v1/chat/completions, /v1/completions   JSON in; JSON, or SSE when "stream": true
+         the same with an NDJSON body            streaming input, Mode A (transports/streaming_input.py)
+    /v1/streaming_input/sessions/...             streaming input, Mode B (the same module)
     GET  /v1/models, /health, /metrics
     POST /tokenize, /detokenize
 
@@ -32,8 +34,13 @@ from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
 from rill.openai.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from rill.openai.serving import Serving, ServingOptions, api_error, decode_body
+from rill.openai.streaming import attach as attach_streaming_input
+from rill.sessions import SessionManager, StreamingInputConfig
+from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
+from rill.transports.realtime_driver import RealtimeConfig
+from rill.transports.realtime_quart import install_realtime
 
 log = logging.getLogger("rill.server")
 
@@ -51,6 +58,8 @@ class ServerConfig:
     served_model_names: list[str] = field(default_factory=list)
     tool_call_parser: str | None = "hermes"
     reasoning_parser: str | None = None
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # /v1/realtime and --ws-port
+    streaming_input: StreamingInputConfig = field(default_factory=StreamingInputConfig)  # Mode A and B
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -64,6 +73,8 @@ class ServerConfig:
             served_model_names=names.split(",") if names else [],
             tool_call_parser=_parser_option(env("RILL_TOOL_CALL_PARSER", "hermes")),
             reasoning_parser=_parser_option(env("RILL_REASONING_PARSER", "none")),
+            realtime=RealtimeConfig.from_env(),
+            streaming_input=StreamingInputConfig.from_env(),
         )
 
     def serving_options(self) -> ServingOptions:
@@ -83,6 +94,9 @@ class AppState:
         self.metrics = Metrics()
         self.serving: Serving | None = None
         self._stop = trio.Event()
+        self.sessions = SessionManager(server.streaming_input)  # its reaper runs in the app's nursery
+        attach_streaming_input(self.sessions)
+        self.metrics.attach_sessions(self.sessions)
 
     def attach(self, engine) -> None:
         self.metrics.attach(engine)
@@ -106,6 +120,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None)
     app.extensions["rill"] = state
     app.register_blueprint(api)
+    install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)
+    _install_streaming_input(app, state)
     app.register_error_handler(HTTPException, _http_error)
     if engine is not None:
         state.attach(engine)
@@ -118,6 +134,17 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
         app.before_serving(start_engine)
         app.after_serving(state.stop_engine)
     return app
+
+
+def _install_streaming_input(app: QuartTrio, state: AppState) -> None:
+    from rill.transports.streaming_input import streaming_input_api  # it imports this module
+
+    async def start_sessions() -> None:
+        await app.nursery.start(state.sessions.run)
+
+    app.register_blueprint(streaming_input_api)
+    app.before_serving(start_sessions)
+    app.after_serving(state.sessions.stop)
 
 
 api = Blueprint("openai", __name__)
@@ -190,12 +217,27 @@ def _sse(frames) -> Response:
 
 @api.post("/v1/chat/completions")
 async def chat_completions() -> Response:
+    if _is_ndjson():
+        return await _mode_a("chat")
     return await _generate("/v1/chat/completions", "chatcmpl", prepare_chat, stream_chat, complete_chat)
 
 
 @api.post("/v1/completions")
 async def completions() -> Response:
+    if _is_ndjson():
+        return await _mode_a("completions")
     return await _generate("/v1/completions", "cmpl", prepare_completion, stream_completion, complete)
+
+
+def _is_ndjson() -> bool:
+    return request.mimetype == NDJSON
+
+
+async def _mode_a(api_name: str) -> Response:
+    """Streaming input in one request: NDJSON lines (rill.transports.streaming_input)."""
+    from rill.transports.streaming_input import handle_mode_a  # it imports this module
+
+    return await handle_mode_a(api_name)
 
 
 # -- the rest ----------------------------------------------------------------------------------------------------

@@ -52,6 +52,25 @@ class _EngineCollector:
                                 value=1.0 if self.engine.is_alive else 0.0)
 
 
+class _SessionCollector:
+    """Streaming-input sessions (rill.sessions.SessionManager), read at scrape time."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def collect(self):
+        m = self.manager
+        yield GaugeMetricFamily("rill_streaming_sessions_open", "Streaming-input sessions open.", value=m.num_open)
+        for name, text, value in (
+            ("rill_streaming_sessions_opened", "Streaming-input sessions opened.", m.num_opened),
+            ("rill_streaming_sessions_started", "Sessions whose prefill started.", m.num_started),
+            ("rill_streaming_sessions_expired", "Sessions closed idle past their timeout.", m.num_expired),
+            ("rill_streaming_input_chunks", "Input chunks received (repeats excluded).", m.num_chunks_received),
+            ("rill_streaming_input_bytes", "Input payload bytes received.", m.num_bytes_received),
+        ):
+            yield CounterMetricFamily(name, text, value=value)
+
+
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -60,7 +79,10 @@ class Metrics:
         self.e2e = self._histogram("rill_e2e_request_latency_seconds", "Request time in the engine, end to end.")
         self.requests = Counter("rill_http_requests", "HTTP requests answered.", ["endpoint", "status"],
                                 registry=self.registry)
+        self.ttft_after_input = self._histogram("rill_streaming_input_ttft_after_end_seconds",
+                                                "Time from a session's end of input to its first token.")
         self._engine = None
+        self._sessions = None
 
     def _histogram(self, name: str, text: str) -> Histogram:
         return Histogram(name, text, buckets=_LATENCY_BUCKETS_S, registry=self.registry)
@@ -68,6 +90,10 @@ class Metrics:
     def attach(self, engine) -> None:
         self._engine = engine
         self.registry.register(_EngineCollector(engine))
+
+    def attach_sessions(self, manager) -> None:
+        self._sessions = manager
+        self.registry.register(_SessionCollector(manager))
 
     def on_request_done(self, trace) -> None:
         self.requests.labels(trace.endpoint, str(trace.status)).inc()
@@ -79,6 +105,8 @@ class Metrics:
         stats = self._engine.core.stats
         for queue, histogram in ((stats.ttft_s, self.ttft), (stats.itl_s, self.itl), (stats.e2e_s, self.e2e)):
             _drain(queue, histogram)
+        if self._sessions is not None:
+            _drain(self._sessions.ttft_after_input_s, self.ttft_after_input)
 
     def render(self) -> bytes:
         self.drain()

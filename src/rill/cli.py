@@ -65,7 +65,9 @@ def _cmd_serve(args) -> int:
     import logging
 
     from rill.server import run
+    from rill.sessions import config as streaming_input_config
     from rill.transports.http import ServerConfig
+    from rill.transports.realtime_driver import realtime_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = ServerConfig(
@@ -73,11 +75,18 @@ def _cmd_serve(args) -> int:
         served_model_names=args.served_model_name or [],
         tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
         reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
+        streaming_input=streaming_input_config.from_args(args),
+        realtime=realtime_config(args),
     )
     return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
+    from rill.sessions.config import add_arguments as add_streaming_input_args
+    from rill.transports.realtime_driver import add_realtime_args
+
+    add_streaming_input_args(p)
+    add_realtime_args(p)
     p.add_argument("model", nargs="?", default=_env("MODEL", "rill-tiny"),
                    help="rill-tiny (default) or a local Hugging Face model directory")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"))

@@ -17,6 +17,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.transports.http import ServerConfig, create_app
+from rill.transports.realtime_quart import realtime_hub
+from rill.transports.ws import serve_ws
 
 log = logging.getLogger("rill.server")
 
@@ -45,10 +47,21 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: 
     async with open_engine(engine_config) as engine, trio.open_nursery() as nursery:
         app = create_app(engine=engine, server=server_config)
         config = hypercorn_config(host, port, grace_s)
-        binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger))
+        realtime, stopping = server_config.realtime, trio.Event()
+        config.websocket_ping_interval = realtime.ping_interval_s  # /v1/realtime keepalive
+        trigger = partial(_stop_then_set, shutdown_trigger, stopping)
+        binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=trigger))
+        if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
+            ws_url = await nursery.start(partial(serve_ws, realtime_hub(app), host, realtime.ws_port, stop=stopping))
+            binds = [*binds, ws_url]
         log.info("serving %s at %s", engine_config.model, ", ".join(binds))
         task_status.started(binds)
     log.info("stopped")
+
+
+async def _stop_then_set(shutdown_trigger, stopping: trio.Event) -> None:
+    await shutdown_trigger()
+    stopping.set()
 
 
 def run(engine_config: EngineConfig, server_config: ServerConfig, host: str, port: int, grace_s: float) -> int:
