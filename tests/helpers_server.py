@@ -79,6 +79,14 @@ async def wait_for(predicate, seconds: float = 10.0, poll_s: float = 0.01) -> No
             await trio.sleep(poll_s)
 
 
+async def assert_nothing_left(server: RunningServer, seconds: float = 10.0) -> None:
+    """Every KV block free, no engine request and no open streaming session (finished ones may stay
+    readable). An abort frees KV by the end of the engine's next step, so this waits (with a
+    deadline) rather than checking once."""
+    sessions = server.app.extensions["rill"].sessions
+    await wait_for(lambda: server.all_kv_free and not server.engine.core.requests and sessions.num_open == 0, seconds)
+
+
 class SSEFrame:
     def __init__(self, event: str | None, data: str):
         self.event, self.data = event, data

@@ -1,8 +1,10 @@
 """Small tokenizers of the two shapes rill's models use, trained here (no hub), saved as HF directories.
 
 - ByteLevel BPE (GPT-2, Llama 3, Qwen): every byte is a token, so a character can span several ids.
+  rill-tiny's variant isolates every letter, digit and newline first (`letter_digit_bpe`).
 - Byte-fallback BPE with a `▁` metaspace (Llama 2, Mistral): characters missing from the vocabulary
   become `<0xE4>`-style byte tokens, and the first word of a string loses its leading space on decode.
+  `sentencepiece_bpe` writes the `▁` with a normalizer, as transformers converts Llama 2 and Mistral.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from rill.tiny.tokenizer_train import train_tokenizer
 
 CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog.",
@@ -49,11 +53,20 @@ def byte_level_bpe(vocab_size: int = 420) -> Tokenizer:
     return Tokenizer.from_str(_byte_level_json(vocab_size))
 
 
+def letter_digit_bpe() -> Tokenizer:
+    """rill-tiny's recipe (every letter, digit and newline its own pre-token), trained on CORPUS."""
+    return train_tokenizer(CORPUS * 4, vocab_size=300)
+
+
 @lru_cache
-def _byte_fallback_json(vocab_size: int) -> str:
+def _byte_fallback_json(vocab_size: int, words: bool = False) -> str:
+    """words: sentencepiece's training (pieces never span words) and its `▁` written by a normalizer."""
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=LLAMA_SPECIALS, limit_alphabet=60)
     draft = Tokenizer(models.BPE(unk_token="<unk>"))
-    draft.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    draft.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=words)
+    if words:
+        draft.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", behavior="isolated"),
+                                                       draft.pre_tokenizer])
     draft.train_from_iterator(CORPUS * 4, trainer)
     trained = json.loads(draft.to_str())["model"]
     # sentencepiece puts the 256 byte tokens right after the specials; shift the learned pieces past them.
@@ -62,7 +75,10 @@ def _byte_fallback_json(vocab_size: int) -> str:
     vocab.update({t: len(vocab) + n for n, (t, _) in enumerate(pieces)})
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    if words:  # no pre-tokenizer: BPE runs over the whole text
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
@@ -76,6 +92,12 @@ def _byte_fallback_json(vocab_size: int) -> str:
 def byte_fallback_bpe(vocab_size: int = 400) -> Tokenizer:
     """A Llama-2-shaped byte-fallback BPE: `▁` metaspace, <0xNN> byte tokens, BOS added by the post-processor."""
     return Tokenizer.from_str(_byte_fallback_json(vocab_size))
+
+
+def sentencepiece_bpe(vocab_size: int = 400) -> Tokenizer:
+    """Llama 2 / Mistral as transformers converts them: a normalizer prepends `▁` and writes spaces as `▁`,
+    no pre-tokenizer; like sentencepiece's, the learned pieces never span two words."""
+    return Tokenizer.from_str(_byte_fallback_json(vocab_size, words=True))
 
 
 def qwen_config(**overrides) -> dict:

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from helpers_models import make_model_dir
-from helpers_server import one_torch_thread, parse_sse, running_server, wait_for  # noqa: F401
+from helpers_server import assert_nothing_left, one_torch_thread, parse_sse, running_server, wait_for  # noqa: F401
 from rill.sessions import StreamingInputConfig
 from rill.transports.http import ServerConfig
 
@@ -36,11 +36,6 @@ def chunks(pieces, end: bool = False) -> list[dict]:
     if end:
         out[-1]["end_of_input"] = True
     return out
-
-
-def assert_nothing_left(server) -> None:
-    assert server.all_kv_free and not server.engine.core.requests
-    assert not server.app.extensions["rill"].sessions.sessions
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
@@ -71,7 +66,7 @@ async def test_an_ndjson_chat_answers_like_the_whole_prompt_as_sse_and_as_json(m
         response = await client.post("/v1/chat/completions", headers=NDJSON,
                                      content=ndjson({**first, "stream": False}, *chunks(PIECES, end=True)))
         assert response.json()["choices"] == expected["choices"]
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_without_a_user_message_the_streamed_text_is_one(model_dir):
@@ -95,7 +90,7 @@ async def test_an_ndjson_completion_extends_the_prompt_text_or_ids(model_dir):
         response = await client.post("/v1/completions", headers=NDJSON,
                                      content=ndjson({"prompt": [], **GREEDY, "stream": True}, *token_lines))
         assert response.status_code == 200 and sse_content(response.text)
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_prefill_runs_while_a_slow_body_is_still_arriving(model_dir):
@@ -141,7 +136,7 @@ async def test_a_bad_line_is_an_error_naming_its_line_and_leaves_nothing(model_d
                 continue
             assert f"line {number}:" in assert_error(response, status, code)["message"]
         assert_error(await client.post("/v1/chat/completions", content=b"", headers=NDJSON), 400)
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_aborting_mid_upload_aborts_the_session_and_frees_kv(model_dir):
@@ -154,7 +149,7 @@ async def test_aborting_mid_upload_aborts_the_session_and_frees_kv(model_dir):
         with pytest.raises(RuntimeError, match="uploader crashed"):
             await client.post("/v1/chat/completions", content=body(), headers=NDJSON)
         await wait_for(lambda: server.all_kv_free and not server.app.extensions["rill"].sessions.sessions)
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
         assert server.engine.core.stats.num_aborted == 1
 
 
@@ -169,7 +164,7 @@ async def test_an_upload_idle_past_the_session_timeout_is_408(model_dir):
 
         response = await client.post("/v1/chat/completions", content=body(), headers=NDJSON)
         assert_error(response, 408, "session_expired")
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_too_many_open_sessions_is_429_before_reading_chunks(model_dir):
@@ -190,7 +185,7 @@ async def test_too_many_open_sessions_is_429_before_reading_chunks(model_dir):
             response = await client.post("/v1/chat/completions", content=ndjson({"messages": []}), headers=NDJSON)
             assert_error(response, 429, "too_many_sessions")
             held.set()
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_respond_per_chunk_answers_each_chunk_and_marks_where_each_answer_ends(model_dir):
@@ -211,4 +206,4 @@ async def test_respond_per_chunk_answers_each_chunk_and_marks_where_each_answer_
         assert [c["turn_finish_reason"] for c in turn_ends] == ["length"]
         assert frames[-2].json["choices"][0]["finish_reason"] == "length" and frames[-1].data == "[DONE]"
         assert server_turns == [3]
-        assert_nothing_left(server)
+        await assert_nothing_left(server)

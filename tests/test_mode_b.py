@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers_models import make_model_dir
-from helpers_server import one_torch_thread, parse_sse, running_server, wait_for  # noqa: F401
+from helpers_server import assert_nothing_left, one_torch_thread, parse_sse, running_server, wait_for  # noqa: F401
 from rill.sessions import StreamingInputConfig
 from rill.transports.http import ServerConfig
 
@@ -43,11 +43,6 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     if code is not None:
         assert error["code"] == code, error
     return error
-
-
-def assert_nothing_left(server) -> None:
-    assert server.all_kv_free and not server.engine.core.requests
-    assert manager(server).num_open == 0
 
 
 async def create(client, **fields) -> str:
@@ -99,7 +94,7 @@ async def test_chunks_in_any_order_with_repeats_answer_like_the_whole_prompt(mod
             result = await client.get(f"{SESSIONS}/{session_id}/result")
         assert result.json()["choices"][0]["message"]["content"] == await whole_answer(client, "".join(WORDS))
         assert result.json()["usage"]["completion_tokens"] == GREEDY["max_tokens"]
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_the_events_stream_opened_before_finish_and_after_it_carry_the_same_answer(model_dir):
@@ -122,7 +117,7 @@ async def test_the_events_stream_opened_before_finish_and_after_it_carry_the_sam
         frames = parse_events(late)
         assert frames[-1].data == "[DONE]" and frames[0].json["choices"][0]["delta"] == {"role": "assistant"}
         assert content_of(frames) == await whole_answer(client, "".join(WORDS))
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_a_reconnect_with_last_event_id_resumes_after_it(model_dir):
@@ -178,7 +173,7 @@ async def test_respond_per_chunk_chat_answers_each_chunk_as_its_own_user_turn(mo
         # ChatML: the answer is closed and the next chunk opens a user turn of its own.
         assert "first caption<|im_end|>\n<|im_start|>assistant\n" in text
         assert text.endswith("<|im_end|>\n<|im_start|>user\nsecond caption<|im_end|>\n<|im_start|>assistant\n")
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 # -- idempotence ------------------------------------------------------------------------------------------
@@ -197,7 +192,7 @@ async def test_finish_and_delete_are_idempotent_and_delete_frees_kv(model_dir):
         await wait_for(lambda: server.all_kv_free)
         assert_error(await client.get(f"{SESSIONS}/{session_id}"), 410, "session_deleted")
         assert_error(await send(client, session_id, 1, "x"), 410, "session_deleted")
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
         assert not manager(server).sessions
 
 
@@ -245,7 +240,7 @@ async def test_conflicting_repeats_far_early_chunks_and_finishing_with_gaps_are_
         assert (await client.post(f"{SESSIONS}/{session_id}/finish")).status_code == 202
         assert_error(await send(client, session_id, 4, "late"), 409, "input_finished")
         await client.get(f"{SESSIONS}/{session_id}/events")
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_audio_and_bad_token_ids_are_400(model_dir):
@@ -257,7 +252,7 @@ async def test_audio_and_bad_token_ids_are_400(model_dir):
         assert_error(await client.post(SESSIONS, json={"messages": [], "n": 2}), 400)
         assert_error(await client.post(SESSIONS, json={"messages": [], "streaming_input": {"api": "x"}}), 400)
         assert_error(await client.post(SESSIONS, json={"streaming_input": {"start_policy": "later"}}), 400)
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_chunk_and_session_payload_limits_take_the_limit_and_refuse_past_it(model_dir):
@@ -272,7 +267,7 @@ async def test_chunk_and_session_payload_limits_take_the_limit_and_refuse_past_i
         assert_error(await send(client, session_id, 3, "z"), 410, "session_payload_too_large")
         events = parse_events((await client.get(f"{SESSIONS}/{session_id}/events")).text)
         assert events[-1].event == "error" and events[-1].json["error"]["code"] == "session_payload_too_large"
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
 
 
 async def test_max_open_sessions_global_and_per_key_take_the_limit_and_429_past_it(model_dir):
@@ -302,7 +297,7 @@ async def test_an_idle_session_expires_its_stream_gets_an_error_and_later_calls_
                          await client.post(f"{SESSIONS}/{session_id}/finish")):
             assert_error(response, 410, "session_expired")
         assert (await client.delete(f"{SESSIONS}/{session_id}")).status_code == 204
-        assert_nothing_left(server)
+        await assert_nothing_left(server)
         assert manager(server).num_expired == 1
         metrics = (await client.get("/metrics")).text
         assert "rill_streaming_sessions_expired_total 1.0" in metrics

@@ -1,5 +1,5 @@
-"""Streamed text is tokenized piece by piece into exactly the ids of the whole text; the chat
-prompt splits around a streamed message; input audio is validated, capped and resampled."""
+"""The chat prompt splits around a streamed message; input audio is validated, capped and
+resampled. (How the streamed text tokenizes: tests/test_tokenizer_incremental.py.)"""
 
 from __future__ import annotations
 
@@ -7,87 +7,22 @@ import base64
 
 import numpy as np
 import pytest
-import tokenizers as backends
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from helpers_models import CHATML
-from helpers_tokenizers import (
-    CORPUS, QWEN_SPECIALS, SAMPLE_TEXTS, byte_fallback_bpe, byte_level_bpe, llama_config, qwen_config, save_dir,
-)
+from helpers_tokenizers import byte_level_bpe, qwen_config, save_dir
 from rill.tokenizer import Tokenizer
 from rill.transports.realtime_audio import AudioInput, AudioLimits, decode_pcm16, resample
 from rill.transports.realtime_events import RealtimeError
-from rill.transports.realtime_input import IncrementalEncoder, split_prompt
-
-
-def letter_digit_bpe():
-    """rill-tiny's shape: every letter, digit and newline its own pre-token, byte-level BPE between."""
-    tok = backends.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(backends.Regex(r"[\p{L}\p{N}\n]"), behavior="isolated"),
-        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=QWEN_SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    return tok
+from rill.transports.realtime_input import split_prompt
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tok")
-    return {
-        "byte_level": Tokenizer.from_dir(save_dir(root / "bl", byte_level_bpe(), qwen_config(chat_template=CHATML))),
-        "byte_fallback": Tokenizer.from_dir(save_dir(root / "bf", byte_fallback_bpe(), llama_config())),
-        "letter_digit": Tokenizer.from_dir(save_dir(root / "ld", letter_digit_bpe(), qwen_config())),
-    }
+def tokenizer(tmp_path_factory):
+    path = save_dir(tmp_path_factory.mktemp("tok"), byte_level_bpe(), qwen_config(chat_template=CHATML))
+    return Tokenizer.from_dir(path)
 
 
-def streamed_ids(tokenizer: Tokenizer, pieces: list[str]) -> list[int]:
-    encoder = IncrementalEncoder(tokenizer)
-    ids = []
-    for piece in pieces:
-        ids += encoder.feed(piece)
-    ids += encoder.flush()
-    assert encoder.num_tokens == len(ids)
-    return ids
-
-
-def cut(text: str, points: list[int]) -> list[str]:
-    bounds = [0, *sorted(p % (len(text) + 1) for p in points), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
-
-
-WORDS = st.lists(st.sampled_from(["the", "quick", "fox", " ", "  ", "\n", ",", "42", "7", "café", "你好", "😀",
-                                  "<|im_end|>", "don't", "jumps", "\t", "!?"]), max_size=30).map("".join)
-
-
-@pytest.mark.parametrize("name", ["byte_level", "byte_fallback", "letter_digit"])
-@settings(max_examples=150, deadline=None)
-@given(text=WORDS, points=st.lists(st.integers(0, 400), max_size=8))
-def test_pieces_encode_to_the_ids_of_the_whole_text(tokenizers, name, text, points):
-    tokenizer = tokenizers[name]
-    assert streamed_ids(tokenizer, cut(text, points)) == tokenizer.encode(text, add_special_tokens=False)
-
-
-@pytest.mark.parametrize("name", ["byte_level", "letter_digit"])
-def test_character_by_character_matches_on_sample_texts(tokenizers, name):
-    tokenizer = tokenizers[name]
-    for text in SAMPLE_TEXTS:
-        assert streamed_ids(tokenizer, list(text)) == tokenizer.encode(text, add_special_tokens=False)
-
-
-def test_tokens_are_released_while_text_still_arrives(tokenizers):
-    encoder = IncrementalEncoder(tokenizers["byte_level"])
-    released = [encoder.feed(word + " ") for word in "the quick brown fox jumps over the lazy dog".split()]
-    assert sum(map(len, released[:-1])) > 0  # all but the last couple of words go out before the end
-    assert encoder.flush()  # the held-back tail
-
-
-def test_prompt_splits_around_the_streamed_message(tokenizers):
-    tokenizer = tokenizers["byte_level"]
+def test_prompt_splits_around_the_streamed_message(tokenizer):
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     split = split_prompt(tokenizer, history, None)
     whole = tokenizer.apply_chat_template([*history, {"role": "user", "content": "more"}])

@@ -15,8 +15,9 @@ from helpers_tokenizers import (
     save_dir,
 )
 
-from rill.errors import ChatTemplateError, ModelLoadError
+from rill.errors import ChatTemplateError, ModelLoadError, TemplateRewritesTextError
 from rill.tokenizer import Tokenizer
+from rill.tokenizer.chat_template import STREAMED_TEXT_PLACEHOLDER, split_at_placeholder
 
 SHAPES = {"byte_level": (byte_level_bpe, qwen_config), "byte_fallback": (byte_fallback_bpe, llama_config)}
 EXTRA_TEXTS = ["<pad> and <think>x</think> <|image|> <extra1>", "ab" * 50 + " 😀" * 5]
@@ -32,6 +33,7 @@ def _assert_same_tokenizer(ours, hf):
     assert ours.vocab_size == len(hf)
     assert ours.all_special_ids == frozenset(hf.all_special_ids)
     assert ours.special_tokens_map == hf.special_tokens_map
+    assert ours.get_vocab() == hf.get_vocab()
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
         assert getattr(ours, name) == getattr(hf, name), name
         assert getattr(ours, name + "_id") == getattr(hf, name + "_id"), name
@@ -101,6 +103,16 @@ def test_decode_skips_special_tokens_but_keeps_plain_added_tokens(tmp_path):
     ids = ours.encode("<|im_start|>assistant\n<think>ok</think><|im_end|>")
     assert ours.decode(ids) == "assistant\n<think>ok</think>"
     assert ours.decode(ids, skip_special_tokens=False) == "<|im_start|>assistant\n<think>ok</think><|im_end|>"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_offsets_say_which_characters_each_id_came_from(tmp_path, shape):
+    build, config = SHAPES[shape]
+    ours = Tokenizer.from_dir(save_dir(tmp_path, build(), config()))
+    ids, offsets = ours.encode_with_offsets("Hello world")
+    assert ids == ours.encode("Hello world", add_special_tokens=False) and len(offsets) == len(ids)
+    assert offsets[-1][1] == len("Hello world") and all(a <= b for a, b in offsets)
+    assert [a for a, _ in offsets] == sorted(a for a, _ in offsets)
 
 
 def test_unknown_ids_decode_to_nothing_and_convert_to_empty_strings(tmp_path):
@@ -198,3 +210,18 @@ def test_encode_chat_does_not_add_special_tokens_the_template_already_wrote(tmp_
     ids = ours.encode_chat(CHAT)
     assert ids == ours.encode("<s>hi", add_special_tokens=False)
     assert ids.count(ours.bos_token_id) == 1
+
+
+def test_a_placeholder_splits_the_rendered_prompt_around_a_messages_text(tmp_path):
+    template = "<{{ messages[0].content }}>"
+    ours = Tokenizer.from_dir(save_dir(tmp_path, byte_level_bpe(), qwen_config(), chat_template=template))
+    rendered = ours.apply_chat_template([{"role": "user", "content": "hi " + STREAMED_TEXT_PLACEHOLDER}])
+    assert split_at_placeholder(rendered, STREAMED_TEXT_PLACEHOLDER) == ("<hi ", ">")
+
+
+@pytest.mark.parametrize("template", ["{{ messages[0].content | upper }}", "{{ messages[0].content * 2 }}", "x"])
+def test_a_template_that_rewrites_drops_or_repeats_the_placeholder_is_an_error(tmp_path, template):
+    ours = Tokenizer.from_dir(save_dir(tmp_path, byte_level_bpe(), qwen_config(), chat_template=template))
+    rendered = ours.apply_chat_template([{"role": "user", "content": STREAMED_TEXT_PLACEHOLDER}])
+    with pytest.raises(TemplateRewritesTextError, match="verbatim exactly once"):
+        split_at_placeholder(rendered, STREAMED_TEXT_PLACEHOLDER)

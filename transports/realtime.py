@@ -22,6 +22,7 @@ from typing import Protocol
 from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
+from rill.tokenizer import IncrementalEncoder
 from rill.transports.realtime_audio import AudioInput, AudioLimits, audio_front_end
 from rill.transports.realtime_conversation import (
     Conversation, Settings, as_realtime_error, check_client_item, user_text_item,
@@ -33,7 +34,7 @@ from rill.transports.realtime_events import (
     SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
     new_id,
 )
-from rill.transports.realtime_input import IncrementalEncoder, InputTurn, split_prompt
+from rill.transports.realtime_input import InputTurn, split_prompt
 from rill.transports.realtime_response import Dialect, ResponseStream, end_status
 from rill.transports.realtime_state import TRANSITIONS, Move, State
 
@@ -224,15 +225,15 @@ class RealtimeConnection:
 
     def _encode(self, turn: InputTurn, text: str) -> list[int]:
         # A chunk the model answers at once must be seen whole; otherwise wait for stable tokens.
-        return turn.encoder.feed(text) + (turn.encoder.flush() if turn.per_chunk else [])
+        return turn.encoder.flush(text) if turn.per_chunk else turn.encoder.feed(text)
 
     def _check_length(self, turn: InputTurn) -> None:
-        limit = self.serving.max_model_len
-        if turn.encoder.num_tokens < limit:
+        limit, num_tokens = self.serving.max_model_len, turn.encoder.num_committed_tokens
+        if num_tokens < limit:
             return
         if self._turn is turn:
             self._drop_input()
-        raise RealtimeError("context_length_exceeded", f"the streamed message reaches {turn.encoder.num_tokens} "
+        raise RealtimeError("context_length_exceeded", f"the streamed message reaches {num_tokens} "
                                 f"tokens with the conversation; this model's maximum context length is {limit}. "
                                 "The message was dropped", "delta")
 
@@ -246,7 +247,7 @@ class RealtimeConnection:
             self._end_answer("cancelled", TURN_DETECTED)
         turn = self._turn
         self._add_user_item(committed=True)
-        self.engine.append(turn.request_id, turn.encoder.feed(turn.suffix) + turn.encoder.flush())
+        self.engine.append(turn.request_id, turn.encoder.flush(turn.suffix))
         if turn.per_chunk:
             self._finish_input(self.settings.max_tokens(options))  # the whole message is answered now
         else:
@@ -279,7 +280,7 @@ class RealtimeConnection:
 
     def _finish_input(self, max_tokens: int | None) -> None:
         turn = self._turn
-        self.serving.check_fits(turn.encoder.num_tokens, max_tokens, "max_output_tokens")
+        self.serving.check_fits(turn.encoder.num_committed_tokens, max_tokens, "max_output_tokens")
         self.engine.finish(turn.request_id, max_tokens)
         self._start_response(turn.request_id, max_tokens)
 

@@ -31,5 +31,10 @@ class ChatTemplateError(ValidationError):
         super().__init__(message, param="messages", code="chat_template_error")
 
 
+class TemplateRewritesTextError(ChatTemplateError):
+    """The chat template does not copy a message's text verbatim exactly once, so that text cannot be
+    streamed into the rendered prompt."""
+
+
 class EngineDeadError(RillError):
     """The engine's worker thread died; every live and new request fails with this."""

@@ -2,10 +2,10 @@
 one request) and Mode B (REST session calls); rill.transports.streaming_input is the wire.
 
 A run opens an engine session with the prompt's prefix, turns each chunk, in sequence order,
-into token ids (rill.sessions.text_tokens keeps them equal to the whole prompt's), appends them
-as they come, and at end of input appends the prompt's suffix and asks for the answer. A pump
-task in the session manager's nursery renders the answer with the endpoint's own SSE writer
-(stream_chat / stream_completion) into the session's output log, which readers follow.
+into token ids (rill.tokenizer.IncrementalEncoder keeps them equal to the whole prompt's),
+appends them as they come, and at end of input appends the prompt's suffix and asks for the
+answer. A pump task in the session manager's nursery renders the answer with the endpoint's own
+SSE writer (stream_chat / stream_completion) into the session's output log, which readers follow.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rill.sessions.errors import SessionError
 from rill.sessions.manager import SessionManager
 from rill.sessions.session import StreamingSession
 from rill.sessions.state import CloseReason, SessionState
-from rill.sessions.text_tokens import IncrementalEncoder
+from rill.tokenizer import IncrementalEncoder
 
 # How a session closed by rill (not by finishing) reads in its output stream.
 _CLOSED_ERRORS = {
@@ -95,9 +95,8 @@ class StreamRun:
         self.api, self.job, self.mode = api, job, mode
         self.request_id = job.trace.request_id
         self.suffix_text, self.turn_text = parts.suffix_text, parts.turn_text
-        self.encoder = IncrementalEncoder(serving.tokenizer, parts.prefix_text,
-                                          add_special_tokens=parts.add_special_tokens)
-        self.ids = parts.prefix_ids + self.encoder.take_initial()  # sent to the engine so far
+        self.encoder = IncrementalEncoder(serving.tokenizer, add_special_tokens=parts.add_special_tokens)
+        self.ids = parts.prefix_ids + self.encoder.feed(parts.prefix_text)  # sent to the engine so far
         self.text = parts.prefix_text  # the prompt text so far, for echo
         num_prefix_tokens = len(parts.prefix_ids) + len(serving.tokenizer.encode(
             parts.prefix_text, add_special_tokens=parts.add_special_tokens))

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from rill.errors import TemplateRewritesTextError
 from rill.openai import sse
 from rill.openai.chat import ChatJob, chat_job, complete_chat, message_dict, render_prompt, stream_chat
 from rill.openai.completions import CompletionJob, check_completion, complete, prompt_token_ids, stream_completion
@@ -30,11 +31,11 @@ from rill.openai.serving import RequestTrace, Serving
 from rill.outputs import RequestDelta
 from rill.sessions.chunks import InputChunk
 from rill.sessions.config import SessionOptions
+from rill.tokenizer.chat_template import STREAMED_TEXT_PLACEHOLDER, split_at_placeholder
 
-# Private-use characters: no real message holds them, and no template has a reason to touch them.
-SENTINEL = "\ue000rill:streamed-input\ue000"
-NEXT_SENTINEL = "\ue000rill:next-turn\ue000"
-ANSWER_SENTINEL = "\ue000rill:answer\ue000"
+# respond_per_chunk: an answer and the next user text, to find what the template writes between them.
+ANSWER_PLACEHOLDER = "\ue000rill:answer\ue000"
+NEXT_TURN_PLACEHOLDER = "\ue000rill:next-turn\ue000"
 
 
 class StreamingChatRequest(ChatCompletionRequest, kw_only=True):
@@ -84,15 +85,15 @@ class ChatApi:
                               "extends the last user message", "continue_final_message", "unsupported")
         job = chat_job(serving, trace, req)
         check_one_choice(job.params.n)
-        prefix, suffix = _split_once(render_prompt(serving, job, _with_user_text(job, SENTINEL)), SENTINEL)
+        rendered = render_prompt(serving, job, _with_user_text(job, STREAMED_TEXT_PLACEHOLDER))
+        prefix, suffix = _split(rendered, STREAMED_TEXT_PLACEHOLDER)
         return job, PromptParts(prefix, [], suffix, False)
 
     @staticmethod
     def turn_text(serving: Serving, job: ChatJob) -> str:
         """respond_per_chunk: what the template writes from the end of an answer to the next user text."""
-        after_answer = _split_once(render_prompt(serving, job, [*_with_user_text(job, ""), *_next_turn()]),
-                                   ANSWER_SENTINEL)[1]
-        return _split_once(after_answer, NEXT_SENTINEL)[0]
+        rendered = render_prompt(serving, job, [*_with_user_text(job, ""), *_next_turn()])
+        return _split(_split(rendered, ANSWER_PLACEHOLDER)[1], NEXT_TURN_PLACEHOLDER)[0]
 
     @staticmethod
     def set_prompt(job: ChatJob, ids: list[int], text: str) -> None:
@@ -169,12 +170,12 @@ def _with_user_text(job: ChatJob, text: str) -> list[dict[str, Any]]:
 
 
 def _next_turn() -> list[dict[str, Any]]:
-    return [{"role": "assistant", "content": ANSWER_SENTINEL}, {"role": "user", "content": NEXT_SENTINEL}]
+    return [{"role": "assistant", "content": ANSWER_PLACEHOLDER}, {"role": "user", "content": NEXT_TURN_PLACEHOLDER}]
 
 
-def _split_once(text: str, sentinel: str) -> tuple[str, str]:
-    before, found, after = text.partition(sentinel)
-    if not found or sentinel in after:
+def _split(rendered: str, placeholder: str) -> tuple[str, str]:
+    try:
+        return split_at_placeholder(rendered, placeholder)
+    except TemplateRewritesTextError as exc:
         raise bad_request("this model's chat template does not place the last user message's text verbatim in "
-                          "the prompt, so it cannot be streamed in", "messages", "unsupported")
-    return before, after
+                          "the prompt, so it cannot be streamed in", "messages", "unsupported") from exc

@@ -23,7 +23,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from rill.errors import ChatTemplateError, ModelLoadError, ValidationError
+from rill.errors import ChatTemplateError, ModelLoadError, TemplateRewritesTextError, ValidationError
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # what transformers 5's save_pretrained writes
 CHAT_TEMPLATE_DIR = "additional_chat_templates"  # named templates other than "default", one .jinja each
@@ -34,6 +34,9 @@ RESERVED_VARIABLES = frozenset({"messages", "tools", "documents", "add_generatio
 # transformers names a message's reasoning in several ways; templates read the first.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# Stands for a message's text that is still streaming in. Private-use characters: no real message
+# holds them, no template has a reason to touch them, and a template's trim keeps them whole.
+STREAMED_TEXT_PLACEHOLDER = "\ue000rill:streamed-text\ue000"
 
 ChatTemplates = str | dict[str, str]  # one template, or named ones ("default", "tool_use", ...)
 
@@ -294,3 +297,19 @@ def _cut_at_tag(rendered: str, final_text: str) -> str:
     if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
         return rendered[:at]
     return rendered[:at].rstrip()  # the template trimmed the message's trailing space, and our tag's with it
+
+
+# -- streamed text ----------------------------------------------------------------------------------
+
+
+def split_at_placeholder(rendered: str, placeholder: str) -> tuple[str, str]:
+    """The rendered prompt before and after `placeholder`, which stood in for a message's text.
+
+    Text can be streamed in there only if the template copied the placeholder verbatim exactly once;
+    otherwise this raises TemplateRewritesTextError.
+    """
+    before, found, after = rendered.partition(placeholder)
+    if not found or placeholder in after:
+        raise TemplateRewritesTextError("the chat template does not copy a message's text verbatim exactly once, "
+                                        "so text cannot be streamed into it")
+    return before, after

@@ -28,6 +28,8 @@ SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"  # legacy; read only when th
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 
+Offsets = list[tuple[int, int]]  # per token: the (start, end) characters of the text it came from
+
 
 class Tokenizer:
     """Encode, decode and render chats for one model. Build it with `Tokenizer.from_dir`.
@@ -72,6 +74,11 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], Offsets]:
+        """Ids without special tokens, and where in text each came from (rill.tokenizer.incremental cuts there)."""
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Ids the tokenizer does not know decode to nothing, as in `tokenizers`."""
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -79,6 +86,10 @@ class Tokenizer:
     def byte_pieces(self, skip_special_tokens: bool = True) -> tuple[bytes, ...] | None:
         """Each id's bytes when decoding is plain ByteLevel (see rill.tokenizer.byte_pieces), else None."""
         return self._byte_pieces[skip_special_tokens]
+
+    def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
+        """Token string -> id, as in transformers; without added tokens: the model's own vocabulary."""
+        return self._backend.get_vocab(with_added_tokens=with_added_tokens)
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         """Token strings; "" for an id the tokenizer does not know (transformers gives None)."""
