@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
@@ -91,24 +93,67 @@ def paged_attention(
 
 
 def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window):
-    """All sequences at once, gathering only the blocks each one's window can see."""
+    """All sequences, in buckets of similar context length (little padding), each bucket one fused
+    scaled_dot_product_attention over the blocks its sequences' windows can see."""
     num_seqs, heads, dim = query.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_size = k_cache.shape[1]
     lens = seq_lens.long()
     first = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
     first_block = first // block_size
     num_blocks = (lens + block_size - 1) // block_size - first_block
-    width = int(num_blocks.max())
-    logical = first_block[:, None] + torch.arange(width)[None, :]  # [S, W]
-    logical = logical.clamp(max=block_tables.shape[1] - 1)
-    ids = block_tables.long().gather(1, logical)
-    pos = first_block[:, None] * block_size + torch.arange(width * block_size)[None, :]  # [S, L]
-    valid = (pos < lens[:, None]) & (pos >= first[:, None])
-    valid &= (torch.arange(width)[None, :] < num_blocks[:, None]).repeat_interleave(block_size, dim=1)
-    k = k_cache[ids].flatten(1, 2).float()  # [S, L, Hkv, D]
-    v = v_cache[ids].flatten(1, 2).float().masked_fill(~valid[:, :, None, None], 0.0)
-    q = query.float().view(num_seqs, kv_heads, heads // kv_heads, dim)
-    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("skgl,slkd->skgd", probs, v).reshape(num_seqs, heads, dim)
+    out = torch.empty(num_seqs, heads, dim, dtype=torch.float32, device=query.device)
+    for seqs in _buckets(num_blocks):
+        width = int(num_blocks[seqs].max())
+        logical = (first_block[seqs, None] + torch.arange(width)[None, :]).clamp(max=block_tables.shape[1] - 1)
+        ids = block_tables[seqs].long().gather(1, logical).flatten()  # [b * W]
+        pos = first_block[seqs, None] * block_size + torch.arange(width * block_size)[None, :]  # [b, L]
+        valid = (pos < lens[seqs, None]) & (pos >= first[seqs, None])
+        k = _gather_rows(k_cache, ids, 0, ~valid)  # [b, Hkv, L, D], a view of reused scratch memory
+        v = _gather_rows(v_cache, ids, 1, ~valid)
+        o = F.scaled_dot_product_attention(
+            query[seqs, :, None, :].float(), k.float(), v.float(), attn_mask=valid[:, None, None, :],
+            scale=scale, enable_gqa=heads != k.shape[1],
+        )  # [b, H, 1, D]
+        out[seqs] = o[:, :, 0, :]
+    return out
+
+
+MAX_PADDING = 1.25  # a bucket's padded size over its sequences' own blocks
+
+
+def _buckets(num_blocks: torch.Tensor) -> list[torch.Tensor]:
+    """Sequence indices grouped by visible block count, so that padding each group to its widest
+    member adds at most MAX_PADDING - 1 of work."""
+    order = torch.argsort(num_blocks)
+    counts = num_blocks[order].tolist()
+    groups, start, total = [], 0, 0
+    for end, n in enumerate(counts):
+        if end > start and n * (end + 1 - start) > MAX_PADDING * (total + n):
+            groups.append(order[start:end])
+            start, total = end, 0
+        total += n
+    groups.append(order[start:])
+    return groups
+
+
+_scratch = threading.local()  # per thread: the engine's worker reuses its gather buffers every step
+
+
+def _gather_rows(cache, ids, which: int, invalid):
+    """cache[ids] as [b, Hkv, L, D] (a strided view) in memory reused across calls: a fresh
+    tensor this size costs more in page faults than the copy itself. Rows of `invalid` positions
+    (padding, slots not yet written) are zeroed so that nothing unwritten reaches the softmax."""
+    num_blocks, block_size, kv_heads, dim = cache.shape
+    row = block_size * kv_heads * dim
+    key = (which, cache.dtype, cache.device)
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    buf = buffers.get(key)
+    if buf is None or buf.shape[0] < ids.numel() or buf.shape[1] != row:
+        buf = buffers[key] = torch.empty(ids.numel(), row, dtype=cache.dtype, device=cache.device)
+    rows = torch.index_select(cache.view(num_blocks, row), 0, ids, out=buf[: ids.numel()])
+    b, length = invalid.shape
+    rows = rows.view(b, length, kv_heads, dim)
+    rows[invalid] = 0
+    return rows.transpose(1, 2)

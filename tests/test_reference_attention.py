@@ -1,0 +1,81 @@
+"""The torch reference (the CPU path and the Triton kernels' oracle) against plain dense attention.
+
+Paged caches are filled at random, every slot no query may see (past a sequence's end, inside its
+last block, in blocks wholly outside the window, table entries past the sequence) holds NaN, and
+sequences of very different lengths share one call, so that decode's length buckets and their
+padding are exercised.
+"""
+
+import random
+
+import pytest
+import torch
+
+from rill.kernels import reference
+
+BLOCK = 8
+
+
+def dense(q, k, v, q_pos, window, scale):
+    """q: [Tq, H, D] at absolute positions q_pos; k/v: [Tk, Hkv, D] for positions 0..Tk-1."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    k_pos = torch.arange(k.shape[0])
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        visible &= k_pos[None, :] > q_pos[:, None] - window
+    return torch.einsum("hqk,khd->qhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
+
+
+def paged_case(lens, heads, kv_heads, dim, window, seed, q_lens=None):
+    q_lens = q_lens or [1] * len(lens)
+    rng = random.Random(seed)
+    width = max(-(-n // BLOCK) for n in lens) + 2
+    num_blocks = len(lens) * width + 1
+    k_cache = torch.full((num_blocks, BLOCK, kv_heads, dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    ids = list(range(1, num_blocks))
+    rng.shuffle(ids)
+    tables = torch.zeros(len(lens), width, dtype=torch.int32)  # block 0 stays NaN: unused entries point at it
+    contexts = []
+    for i, (n, q_len) in enumerate(zip(lens, q_lens)):
+        k, v = torch.randn(n, kv_heads, dim), torch.randn(n, kv_heads, dim)
+        contexts.append((k, v))
+        # Blocks before the first query's window were freed by the engine.
+        first_live = 0 if window is None else max(0, n - q_len - window + 1) // BLOCK
+        for b in range(first_live, -(-n // BLOCK)):
+            block = ids.pop()
+            tables[i, b] = block
+            part = slice(b * BLOCK, min(n, (b + 1) * BLOCK))
+            k_cache[block, : part.stop - part.start] = k[part]
+            v_cache[block, : part.stop - part.start] = v[part]
+    return k_cache, v_cache, tables, contexts
+
+
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+def test_decode_of_mixed_lengths_equals_dense_attention(window, heads, kv_heads):
+    lens = [1, 3, 8, 9, 17, 40, 41, 100, 250, 2, 64, 130]
+    k_cache, v_cache, tables, contexts = paged_case(lens, heads, kv_heads, 16, window, seed=len(lens))
+    q = torch.randn(len(lens), heads, 16)
+    out = reference.paged_attention(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32),
+                                    torch.arange(len(lens) + 1, dtype=torch.int32), 0.25, window)
+    assert not out.isnan().any()
+    for i, (n, (k, v)) in enumerate(zip(lens, contexts)):
+        want = dense(q[i : i + 1], k, v, torch.tensor([n - 1]), window, 0.25)
+        torch.testing.assert_close(out[i : i + 1], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 12])
+def test_chunked_prefill_equals_dense_attention(window):
+    lens, q_lens = [30, 7, 61], [10, 7, 1]
+    k_cache, v_cache, tables, contexts = paged_case(lens, 4, 2, 16, window, seed=3, q_lens=q_lens)
+    q = torch.randn(sum(q_lens), 4, 16)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    out = reference.paged_attention(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), starts,
+                                    0.25, window)
+    for i, (n, (k, v)) in enumerate(zip(lens, contexts)):
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        want = dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 0.25)
+        torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-5)
