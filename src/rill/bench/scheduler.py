@@ -7,8 +7,11 @@ at steady state, with every one of --num-seqs requests decoding one token per st
 (a) core:   EngineCore.step() called in a loop; the time of each call.
 (b) bridge: the real trio bridge (open_engine, runner swapped), --num-seqs concurrent requests
             each consuming its own channel; the wall time from one engine step's start to the
-            next's, which includes delivering each step's output to trio (worker and trio share
-            the GIL), and each step's latency from its start to its delivery into the channels.
+            next's, which includes delivering each step's output to trio and waking every
+            consumer task (worker and trio share the GIL), each step's latency from its start to
+            its delivery into the channels, and the delivery's own time in trio (the one
+            cross-thread call per step). Engine overhead = core step + delivery; the interval
+            adds what 256 consumer tasks cost the interpreter.
 
 Target (from the issue): at most 1 ms per step at 256 running requests.
 """
@@ -116,6 +119,7 @@ async def bench_bridge(args, model: str) -> dict:
 
     steps: list[tuple[float, int]] = []  # (worker start time, number of deltas) per step
     delivered: list[float] = []  # trio time each step's delivery finished, in step order
+    deliver_s: list[float] = []  # time trio spent handing each step's deltas to the channels
     tokens = 0
 
     async def consume(recv) -> None:
@@ -138,8 +142,10 @@ async def bench_bridge(args, model: str) -> dict:
             return deltas
 
         def timed_deliver(deltas, stats):
+            t0 = time.perf_counter()
             deliver(deltas, stats)
             delivered.append(time.perf_counter())
+            deliver_s.append(delivered[-1] - t0)
 
         core.step, engine._deliver = timed_step, timed_deliver
         bar = progress(desc="bridge steps", disable=args.no_progress)
@@ -155,7 +161,9 @@ async def bench_bridge(args, model: str) -> dict:
     full = [i for i, (_, n) in enumerate(steps) if n == args.num_seqs]
     intervals = [steps[i + 1][0] - steps[i][0] for i in full if i + 1 < len(steps) and steps[i + 1][1] == args.num_seqs]
     latencies = [delivered[i] - steps[i][0] for i in full if i < len(delivered)]
-    return {"intervals": intervals, "latencies": latencies, "tokens": tokens, "steps": len(steps)}
+    delivering = [deliver_s[i] for i in full if i < len(deliver_s)]
+    return {"intervals": intervals, "latencies": latencies, "delivering": delivering, "tokens": tokens,
+            "steps": len(steps)}
 
 
 def run(args) -> dict:
@@ -175,6 +183,7 @@ def run(args) -> dict:
             "engine_steps": bridge["steps"],
             "tokens_delivered": bridge["tokens"],
             "delivery_latency": summarize_ms(bridge["latencies"]),
+            "delivery_work": summarize_ms(bridge["delivering"]),
         },
         "series_ms": {"core": [t * 1000 for t in core_times], "bridge": [t * 1000 for t in bridge["intervals"]]},
     }
@@ -190,6 +199,11 @@ def summary(result: dict) -> str:
                          f"p99 {s['p99_ms']:.3f} ms  ({s['n']} steps)")
         else:
             lines.append(f"  {name:<18} no steady-state steps measured")
+    work = bridge["delivery_work"]
+    if work["n"]:
+        lines.append(f"  delivery in trio (one call per step, {n} channels): mean {work['mean_ms']:.3f} ms  "
+                     f"p50 {work['p50_ms']:.3f} ms  -> engine overhead (core p50 + delivery p50) "
+                     f"{core['p50_ms'] + work['p50_ms']:.3f} ms")
     latency = bridge["delivery_latency"]
     if latency["n"]:
         lines.append(f"  step start -> delivered in trio: mean {latency['mean_ms']:.3f} ms  p99 {latency['p99_ms']:.3f} ms")

@@ -10,6 +10,8 @@ rill: EngineCore with every request added at once (continuous batching, chunked 
 hf:   transformers `generate` on static batches of --hf-batch-size requests in workload order,
       left-padded, greedy, max_new_tokens = the batch's largest request. Only each request's
       own tokens count as output. Measured: wall time of all batches.
+llama.cpp (with --llama-server or --llama-cpp-url): llama-server's /completion, every request at
+      once, on continuous batching; see rill.bench.llamacpp for how it is matched to rill.
 
 Model loading and one short warm-up generation on each side are not timed.
 Target (from the issue): rill >= 2x the transformers output tokens/s.
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rill.bench import llamacpp
 from rill.bench.common import add_common_args, progress, random_token_ids, resolve_model, save_plot
 
 NAME = "throughput"
@@ -47,6 +50,7 @@ def add_arguments(p) -> None:
     p.add_argument("--skip-hf", action="store_true", help="run rill only")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="rill's KV budget in GiB (default 2)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="rill's max running requests (default 256)")
+    llamacpp.add_arguments(p)
 
 
 def make_workload(args, vocab_size: int) -> list[Request]:
@@ -161,8 +165,10 @@ def run(args) -> dict:
     model_dir = str(resolve_model_dir(model))
     vocab = min(Tokenizer.from_dir(model_dir).vocab_size, load_model_config(Path(model_dir)).vocab_size)
     workload = make_workload(args, vocab)
+    with_llama = llamacpp.wanted(args)  # checks its paths before the other sides spend their minutes
     rill = run_rill(model, workload, args)
     hf = None if args.skip_hf else run_hf(model_dir, workload, args)
+    llama = _run_llamacpp(model_dir, workload, args) if with_llama else None
     return {
         "benchmark": NAME,
         "config": {k: getattr(args, k) for k in ("model", "num_requests", "seed", "min_prompt", "max_prompt",
@@ -175,7 +181,22 @@ def run(args) -> dict:
         "rill": rill,
         "hf": hf,
         "speedup": None if hf is None else rill["tokens_per_s"] / hf["tokens_per_s"],
+        "llamacpp": llama,
+        "speedup_vs_llamacpp": rill["tokens_per_s"] / llama["tokens_per_s"] if llama and "error" not in llama else None,
     }
+
+
+def _run_llamacpp(model_dir: str, workload: list[Request], args) -> dict:
+    """The llama.cpp side, or {"error": ...} when it fails: the other sides' figures still count."""
+    import torch
+
+    from rill.models.config import load_model_config
+
+    kv_bytes_per_token = load_model_config(Path(model_dir), dtype="float32").kv_bytes_per_token
+    try:
+        return llamacpp.run_llamacpp(model_dir, workload, args, kv_bytes_per_token, torch.get_num_threads())
+    except llamacpp.LlamaCppError as e:
+        return {"error": str(e)}
 
 
 def summary(result: dict) -> str:
@@ -190,21 +211,36 @@ def summary(result: dict) -> str:
         lines.append(f"  transformers: {hf['tokens_per_s']:.1f} output tokens/s ({hf['seconds']:.2f} s, "
                      f"{hf['num_batches']} batches of {hf['batch_size']})")
         lines.append(f"  speedup: {result['speedup']:.2f}x (target >= {TARGET_SPEEDUP}x)")
+    if result.get("llamacpp"):
+        lines.append(_llamacpp_line(result))
     return "\n".join(lines)
+
+
+def _llamacpp_line(result: dict) -> str:
+    llama = result["llamacpp"]
+    if "error" in llama:
+        return f"  llama.cpp:    failed: {llama['error']}"
+    slots = f", {llama['parallel']} slots x {llama['ctx_per_slot']} tokens" if "parallel" in llama else ""
+    return (f"  llama.cpp:    {llama['tokens_per_s']:.1f} output tokens/s ({llama['seconds']:.2f} s{slots}); "
+            f"rill / llama.cpp {result['speedup_vs_llamacpp']:.2f}x")
 
 
 def plot(result: dict, path) -> None:
     sides = [("rill", result["rill"])] + ([("transformers", result["hf"])] if result["hf"] else [])
+    if result.get("speedup_vs_llamacpp") is not None:
+        sides.append(("llama.cpp", result["llamacpp"]))
 
     def draw(axes):
         ax = axes[0]
         values = [side["tokens_per_s"] for _, side in sides]
-        bars = ax.bar([name for name, _ in sides], values, color=["tab:blue", "tab:orange"][: len(sides)])
+        bars = ax.bar([name for name, _ in sides], values, color=["tab:blue", "tab:orange", "tab:green"][: len(sides)])
         ax.bar_label(bars, fmt="%.1f")
         ax.set_ylabel("output tokens / s")
         title = f"{result['workload']['num_requests']} requests, {result['config']['model']}"
         if result["speedup"] is not None:
             title += f", speedup {result['speedup']:.2f}x"
+        if result.get("speedup_vs_llamacpp") is not None:
+            title += f", vs llama.cpp {result['speedup_vs_llamacpp']:.2f}x"
         ax.set_title(title)
 
     save_plot(path, draw)
