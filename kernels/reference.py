@@ -154,6 +154,5 @@ def _gather_rows(cache, ids, which: int, invalid):
         buf = buffers[key] = torch.empty(ids.numel(), row, dtype=cache.dtype, device=cache.device)
     rows = torch.index_select(cache.view(num_blocks, row), 0, ids, out=buf[: ids.numel()])
     b, length = invalid.shape
-    rows = rows.view(b, length, kv_heads, dim)
-    rows[invalid] = 0
-    return rows.transpose(1, 2)
+    rows.view(b * length, kv_heads * dim).index_fill_(0, invalid.view(-1).nonzero().squeeze(1), 0)
+    return rows.view(b, length, kv_heads, dim).transpose(1, 2)
