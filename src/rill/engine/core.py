@@ -234,11 +234,13 @@ class EngineCore:
         return pending + deltas
 
     def _advance(self, batch: ScheduledBatch, committed: list[int]) -> None:
+        bm, bs, window = self.block_manager, self.config.block_size, self.window
         for seq, n, before in zip(batch.seqs, batch.num_new_tokens, committed):
             seq.num_computed_tokens += n
-            self.block_manager.commit_full_blocks(seq, before)
-            if self.window is not None:
-                self.block_manager.free_outside_window(seq, self.window)
+            if seq.num_computed_tokens // bs != before // bs:  # a block filled up: cache it
+                bm.commit_full_blocks(seq, before)
+            if window is not None and (seq.num_computed_tokens - window + 1) // bs > seq.num_window_freed_blocks:
+                bm.free_outside_window(seq, window)
 
     def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
         if seq.first_token_time is None:
@@ -251,10 +253,11 @@ class EngineCore:
         self.stats.num_generation_tokens += 1
         # An EOS that ends the request is not text (as in vLLM); other special tokens go through
         # the detokenizer, which drops them when skip_special_tokens.
-        min_reached = seq.num_output_tokens > seq.params.min_tokens
+        num_output = seq.num_output_tokens
+        min_reached = num_output > seq.params.min_tokens
         ends_on_eos = tok.token_id in self.eos_token_ids and not seq.params.ignore_eos and min_reached
         text = "" if ends_on_eos else seq.detokenizer.add(tok.token_id)
-        reason = FinishReason.STOP if ends_on_eos else self._finish_reason(seq, tok.token_id, min_reached)
+        reason = FinishReason.STOP if ends_on_eos else self._finish_reason(seq, tok.token_id, min_reached, num_output)
         if reason is not None:
             if seq.stop_reason is None or isinstance(seq.stop_reason, int):
                 text += seq.detokenizer.flush()
@@ -277,7 +280,7 @@ class EngineCore:
             num_output_tokens=seq.num_output_tokens,
         )
 
-    def _finish_reason(self, seq: Sequence, token_id: int, min_reached: bool) -> FinishReason | None:
+    def _finish_reason(self, seq: Sequence, token_id: int, min_reached: bool, num_output: int) -> FinishReason | None:
         """Why seq ends after token_id (not an ending EOS: the caller checked that), or None."""
         params = seq.params
         if token_id in params.stop_token_ids and min_reached:
@@ -286,7 +289,7 @@ class EngineCore:
         if seq.detokenizer.stop_reason is not None:
             seq.stop_reason = seq.detokenizer.stop_reason
             return FinishReason.STOP
-        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_output >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 
