@@ -15,11 +15,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-TOOLS_HEADER = "# Tools\n\nYou may call functions. Signatures are within <tools></tools>:\n<tools>"
-TOOLS_FOOTER = (
-    "\n</tools>\n\nReturn each call within <tool_call></tool_call>:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+# The call format comes first and the signatures last, so the tool names sit right before the
+# conversation: rill-tiny attends over a sliding window, and a character-level tools list is long.
+TOOLS_HEADER = (
+    "# Tools\n\nReturn each call within <tool_call></tool_call>:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n'
+    "You may call these functions. Signatures are within <tools></tools>:\n<tools>"
 )
+TOOLS_FOOTER = "\n</tools>"
 
 CHAT_TEMPLATE = (
     "{%- if tools %}\n"

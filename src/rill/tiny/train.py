@@ -30,7 +30,8 @@ from rill.tiny import corpus, dataset, splits
 from rill.tiny.tokenizer_train import ENDOFTEXT, IM_END, IM_START, MODEL_MAX_LENGTH, save_tokenizer, train_tokenizer
 
 TOKENIZER_SAMPLE = 4000  # conversations the BPE merges are learned from
-SLIDING_WINDOW = 256  # well under the 1024-token training rows, so every row crosses the window
+SLIDING_WINDOW = 512  # half the 1024-token training rows, so every row crosses the window, yet a
+# single-turn prompt with both tools listed fits inside it
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -38,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="output Hugging Face directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=1100)
+    p.add_argument("--steps", type=int, default=3200)
     p.add_argument("--batch-size", type=int, default=8, help="rows per step")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per row")
     p.add_argument("--lr", type=float, default=3e-3)
