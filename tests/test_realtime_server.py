@@ -151,10 +151,14 @@ async def test_text_conversation_answers_as_the_engine_does_and_keeps_state(mode
         await wait_for(lambda: server.all_kv_free and hub(server).num_connections == 0)
 
 
-def session_seq(server):
-    """The engine sequence of the one realtime request in flight."""
-    (seqs,) = [seqs for request_id, seqs in server.engine.core.requests.items() if request_id.startswith("rt-")]
-    return seqs[0]
+async def session_seq(server):
+    """The engine sequence of the one realtime request in flight, once the worker has taken it in
+    (submissions cross to the worker thread asynchronously, so the committed event can come first)."""
+    def live():
+        return [seqs for request_id, seqs in list(server.engine.core.requests.items()) if request_id.startswith("rt-")]
+
+    await wait_for(lambda: len(live()) == 1)
+    return live()[0][0]
 
 
 async def test_streamed_text_is_prefilled_as_it_arrives_and_answers_like_the_whole_message(model_dir, listener):
@@ -169,7 +173,7 @@ async def test_streamed_text_is_prefilled_as_it_arrives_and_answers_like_the_who
         assert created["item"]["content"] == [{"type": "input_text", "text": text}]
         assert created["item"]["id"] == committed["item_id"]
         # Everything but the last token is in the KV cache before the client asks for the answer.
-        seq = session_seq(server)
+        seq = await session_seq(server)
         expected = server.engine.tokenizer.encode_chat([{"role": "user", "content": text}])
         await wait_for(lambda: seq.num_computed_tokens == len(expected) - 1)
         assert seq.token_ids == expected
