@@ -94,6 +94,9 @@ def _body(args, rng: random.Random, vocab_size: int) -> dict:
     return {
         "prompt": random_token_ids(rng, args.prompt_tokens, vocab_size), "max_tokens": args.max_tokens,
         "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+        # Random prompts can lead a trained model into special tokens only; keep them as text so
+        # every token is seen (and timed) by the client.
+        "skip_special_tokens": False,
     }
 
 
