@@ -160,7 +160,7 @@ def write_fake_converter(root: Path, **replace: str) -> Path:
     return root / "convert_hf_to_gguf.py"
 
 
-def test_convert_names_an_unknown_pre_tokenizer_gpt2_and_skips_a_missing_sentencepiece(tmp_path):
+def test_convert_with_a_fake_converter_names_an_unknown_pre_tokenizer_gpt2_and_skips_a_missing_sentencepiece(tmp_path):
     script = write_fake_converter(tmp_path / "llama.cpp")
     out = tmp_path / "gguf" / "m.gguf"
     assert llamacpp.convert_to_gguf(tmp_path, script, out, "f32") == out
@@ -168,7 +168,7 @@ def test_convert_names_an_unknown_pre_tokenizer_gpt2_and_skips_a_missing_sentenc
     assert [p.name for p in out.parent.iterdir()] == ["m.gguf"]  # no temporary file left
 
 
-def test_convert_failure_carries_the_converters_stderr(tmp_path):
+def test_convert_failure_of_a_fake_converter_carries_its_stderr(tmp_path):
     script = write_fake_converter(tmp_path, **{"convert_hf_to_gguf.py": "raise SystemExit('no such architecture')"})
     with pytest.raises(LlamaCppError, match="no such architecture"):
         llamacpp.convert_to_gguf(tmp_path, script, tmp_path / "gguf" / "m.gguf", "f32")
@@ -196,7 +196,7 @@ with llamacpp.running_server(sys.argv[3:], int(sys.argv[1]), Path(sys.argv[2])):
 """
 
 
-def test_sigterm_to_the_benchmark_stops_the_server_too(tmp_path):
+def test_sigterm_to_the_benchmark_stops_the_fake_server_too(tmp_path):
     port = llamacpp.free_port()
     server = [sys.executable, "-c", FAKE_LLAMA_SERVER, "--port", str(port)]
     bench = subprocess.Popen([sys.executable, "-c", BENCH_HOLDING_A_SERVER, str(port), str(tmp_path / "log"), *server],
@@ -211,7 +211,7 @@ def test_sigterm_to_the_benchmark_stops_the_server_too(tmp_path):
         llamacpp.get_json(f"http://127.0.0.1:{port}/health", timeout_s=2.0)
 
 
-def test_a_server_that_exits_at_start_fails_with_its_log(tmp_path):
+def test_a_fake_server_that_exits_at_start_fails_with_its_log(tmp_path):
     command = [sys.executable, "-c", "print('error: failed to load model'); raise SystemExit(1)"]
     with pytest.raises(LlamaCppError, match="failed to load model"):
         with llamacpp.running_server(command, llamacpp.free_port(), tmp_path / "server.log"):

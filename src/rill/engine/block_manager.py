@@ -137,6 +137,16 @@ class BlockManager:
                 block.hash, block.token_ids = h, tokens
                 self.cached.setdefault(h, block.block_id)
 
+    def on_computed(self, seq: Sequence, num_committed_before: int, window: int | None) -> None:
+        """After a step computed seq's tokens from num_committed_before on: cache the blocks that
+        filled up and free those that left the window. Both are rare in decode, so each is
+        checked inline first (this runs for every sequence on every engine step)."""
+        bs = self.block_size
+        if seq.num_computed_tokens // bs != num_committed_before // bs:
+            self.commit_full_blocks(seq, num_committed_before)
+        if window is not None and (seq.num_computed_tokens - window + 1) // bs > seq.num_window_freed_blocks:
+            self.free_outside_window(seq, window)
+
     # -- freeing ----------------------------------------------------------------------------
 
     def free(self, seq: Sequence) -> None:

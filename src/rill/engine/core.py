@@ -234,13 +234,10 @@ class EngineCore:
         return pending + deltas
 
     def _advance(self, batch: ScheduledBatch, committed: list[int]) -> None:
-        bm, bs, window = self.block_manager, self.config.block_size, self.window
+        on_computed, window = self.block_manager.on_computed, self.window
         for seq, n, before in zip(batch.seqs, batch.num_new_tokens, committed):
             seq.num_computed_tokens += n
-            if seq.num_computed_tokens // bs != before // bs:  # a block filled up: cache it
-                bm.commit_full_blocks(seq, before)
-            if window is not None and (seq.num_computed_tokens - window + 1) // bs > seq.num_window_freed_blocks:
-                bm.free_outside_window(seq, window)
+            on_computed(seq, before, window)
 
     def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
         if seq.first_token_time is None:
