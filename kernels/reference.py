@@ -71,14 +71,20 @@ def paged_attention(
     if query.shape[0] == seq_lens.shape[0]:  # every sequence has one query: batched decode
         out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window))
         return out
+    # A mixed step: the one-query sequences still go through batched decode (one fused call per
+    # bucket), so only the prefill chunks are attended one sequence at a time.
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    single = (q_lens == 1).nonzero().squeeze(1)
+    if single.numel():
+        rows = query_start_loc[single].long()
+        decoded = _decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window)
+        out[rows] = decoded.to(out.dtype)
     block_size = k_cache.shape[1]
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    for i, seq_len in enumerate(lens):
-        q_start, q_end = starts[i], starts[i + 1]
+    for i in (q_lens > 1).nonzero().squeeze(1).tolist():
+        seq_len, q_start, q_end = lens[i], starts[i], starts[i + 1]
         q_len = q_end - q_start
-        if q_len == 0:
-            continue
         first = first_visible_position(seq_len, q_len, window)
         first_block = first // block_size
         num_blocks = (seq_len + block_size - 1) // block_size - first_block

@@ -79,3 +79,22 @@ def test_chunked_prefill_equals_dense_attention(window):
         rows = slice(int(starts[i]), int(starts[i + 1]))
         want = dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 0.25)
         torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+def test_a_mixed_step_equals_dense_attention(window, heads, kv_heads):
+    """Decodes of many lengths (taken together through decode's buckets) interleaved with prefill
+    chunks (one sequence at a time) and a sequence with no new query in the same call."""
+    lens = [1, 30, 8, 9, 61, 100, 250, 2, 40, 130, 19]
+    q_lens = [1, 10, 1, 1, 0, 1, 1, 2, 40, 1, 19]
+    k_cache, v_cache, tables, contexts = paged_case(lens, heads, kv_heads, 16, window, seed=11, q_lens=q_lens)
+    q = torch.randn(sum(q_lens), heads, 16)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    out = reference.paged_attention(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), starts,
+                                    0.25, window)
+    assert not out.isnan().any()
+    for i, (n, (k, v)) in enumerate(zip(lens, contexts)):
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        want = dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 0.25)
+        torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-5)
