@@ -117,3 +117,28 @@ def test_window_frees_blocks_no_future_query_can_see(window):
     bm.free(seq)
     assert bm.num_free_blocks == 64
     bm.check_invariants()
+
+
+def test_a_growing_sequence_hashes_each_block_once_and_its_continuation_hits(monkeypatch):
+    """Decoding one token at a time: every filled block is registered (a second request with the
+    same tokens reuses them all), and each block is hashed once, not again whenever a later
+    block fills (which made long sessions quadratic)."""
+    from rill.engine import block_manager
+
+    calls = []
+    real = block_manager.chain_hash
+    monkeypatch.setattr(block_manager, "chain_hash", lambda parent, ids: calls.append(ids) or real(parent, ids))
+    bm = BlockManager(num_blocks=64, block_size=4)
+    tokens = list(range(1, 101))
+    seq = make_seq(tokens[:3])
+    compute_all(bm, seq)
+    for t in tokens[3:]:
+        seq.append_token(t)
+        before = seq.num_computed_tokens
+        bm.append(seq, 1)
+        seq.num_computed_tokens += 1
+        bm.on_computed(seq, before, None)
+    assert len(calls) == 25 and len(set(calls)) == 25
+    again = make_seq(tokens + [0])
+    assert bm.match_prefix(again) == 100
+    bm.check_invariants()

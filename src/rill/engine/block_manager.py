@@ -92,12 +92,15 @@ class BlockManager:
 
     # -- prefix cache -----------------------------------------------------------------------
 
-    def _full_block_hashes(self, seq: Sequence, num_blocks: int):
-        parent = None
-        for i in range(num_blocks):
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            parent = chain_hash(parent, tokens)
-            yield parent, tokens
+    def _block_hash(self, seq: Sequence, i: int) -> tuple[int, tuple[int, ...]]:
+        """Block i's chain hash and token ids. Hashes are kept on the sequence (the token ids of
+        a full block never change), so each block is hashed once, not once per block that fills
+        after it: a 20,000-token session would otherwise rehash its whole history every block."""
+        bs, hashes = self.block_size, seq.block_hashes
+        while len(hashes) <= i:
+            n = len(hashes)
+            hashes.append(chain_hash(hashes[-1] if n else None, tuple(seq.token_ids[n * bs : (n + 1) * bs])))
+        return hashes[i], tuple(seq.token_ids[i * bs : (i + 1) * bs])
 
     def match_prefix(self, seq: Sequence) -> int:
         """For a sequence with no blocks yet: share its cached full blocks; return tokens covered.
@@ -108,7 +111,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        for h, tokens in self._full_block_hashes(seq, max_blocks):
+        for i in range(max_blocks):
+            h, tokens = self._block_hash(seq, i)
             block_id = self.cached.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
@@ -127,15 +131,11 @@ class BlockManager:
         last = seq.num_computed_tokens // self.block_size
         if last <= first:
             return
-        parent = None
-        for i, (h, tokens) in enumerate(self._full_block_hashes(seq, last)):
-            parent = h
-            if i < first or i < seq.num_window_freed_blocks:
-                continue
+        for i in range(max(first, seq.num_window_freed_blocks), last):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
-                block.hash, block.token_ids = h, tokens
-                self.cached.setdefault(h, block.block_id)
+                block.hash, block.token_ids = self._block_hash(seq, i)
+                self.cached.setdefault(block.hash, block.block_id)
 
     def on_computed(self, seq: Sequence, num_committed_before: int, window: int | None) -> None:
         """After a step computed seq's tokens from num_committed_before on: cache the blocks that

@@ -52,6 +52,7 @@ class Sequence:
         self.num_cached_tokens = 0  # of those, how many came from the prefix cache
         self.num_window_freed_blocks = 0  # leading blocks released by the sliding window
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # prefix-cache chain hash of each full block, filled lazily
         self.block_size = block_size
         self.params = params
         self.max_tokens = max_tokens  # output budget: params.max_tokens capped by the model length
