@@ -188,6 +188,18 @@ def test_training_smoke_run_writes_a_loadable_directory(tmp_path):
     assert len(model.generate(**_as_batch(prompt), max_new_tokens=2, do_sample=False)[0]) > 0
 
 
+@pytest.mark.parametrize("device,capability,want", [
+    ("cuda", "AVX2", "bf16"), ("cpu", "AVX512", "bf16"), ("cpu", "AVX2", "fp32"), ("cpu", "DEFAULT", "fp32"),
+])
+def test_auto_precision_trains_in_bf16_only_where_the_hardware_has_it(device, capability, want):
+    pytest.importorskip("transformers")
+    from rill.tiny import train
+
+    assert train.resolve_precision("auto", device, capability) == want
+    assert train.resolve_precision("fp32", "cuda", capability) == "fp32"
+    assert train.resolve_precision("bf16", "cpu", capability) == "bf16"
+
+
 def _as_batch(prompt):
     import torch
 
