@@ -224,7 +224,7 @@ class EngineCore:
         committed = [seq.num_computed_tokens for seq in batch.seqs]
         sampling = [
             seq for seq, n in zip(batch.seqs, batch.num_new_tokens)
-            if seq.num_computed_tokens + n == seq.num_tokens and seq.wants_output
+            if seq.num_computed_tokens + n == len(seq.token_ids) and seq.wants_output
         ]
         sampled = self.runner.execute(batch, sampling)
         self._advance(batch, committed)
@@ -240,39 +240,48 @@ class EngineCore:
             on_computed(seq, before, window)
 
     def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
+        # Runs for every sampled token: counters are read off the token list directly.
+        token_id = tok.token_id
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.stats.record_ttft(now - seq.arrival_time)
         else:
-            self.stats.record_itl(now - seq.last_token_time)
+            self.stats.itl_s.append(now - seq.last_token_time)  # per token: no method call
         seq.last_token_time = now
-        seq.append_token(tok.token_id)
+        seq.token_ids.append(token_id)
         self.stats.num_generation_tokens += 1
         # An EOS that ends the request is not text (as in vLLM); other special tokens go through
         # the detokenizer, which drops them when skip_special_tokens.
-        num_output = seq.num_output_tokens
-        min_reached = num_output > seq.params.min_tokens
-        ends_on_eos = tok.token_id in self.eos_token_ids and not seq.params.ignore_eos and min_reached
-        text = "" if ends_on_eos else seq.detokenizer.add(tok.token_id)
-        reason = FinishReason.STOP if ends_on_eos else self._finish_reason(seq, tok.token_id, min_reached, num_output)
+        params = seq.params
+        num_output = len(seq.token_ids) - seq.output_start
+        min_reached = num_output > params.min_tokens
+        ends_on_eos = token_id in self.eos_token_ids and not params.ignore_eos and min_reached
+        text = "" if ends_on_eos else seq.detokenizer.add(token_id)
+        reason = FinishReason.STOP if ends_on_eos else self._finish_reason(seq, token_id, min_reached, num_output)
         if reason is not None:
             if seq.stop_reason is None or isinstance(seq.stop_reason, int):
                 text += seq.detokenizer.flush()
         logprobs = None
-        if seq.params.logprobs is not None:
-            logprobs = [TokenLogprob(tok.token_id, tok.logprob, tok.rank, tok.top_logprobs)]
-        delta = self._delta(seq, [tok.token_id], text, logprobs, reason)
+        if params.logprobs is not None:
+            logprobs = [TokenLogprob(token_id, tok.logprob, tok.rank, tok.top_logprobs)]
+        delta = self._delta(seq, [token_id], text, logprobs, reason)
         if reason is not None:
             self._end(seq, reason)
         return delta
 
     def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason | None) -> RequestDelta:
-        turn_only = reason is not None and self._ends_turn_only(seq)
+        if reason is None:  # the common case: a token mid-stream
+            return RequestDelta(
+                seq.request_id, seq.index, token_ids, text, logprobs,
+                num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+                num_output_tokens=len(seq.token_ids) - seq.output_start,
+            )
+        turn_only = self._ends_turn_only(seq)
         return RequestDelta(
             seq.request_id, seq.index, token_ids, text, logprobs,
-            finish_reason=reason.value if reason and not turn_only else None,
+            finish_reason=None if turn_only else reason.value,
             turn_finish_reason=reason.value if turn_only else None,
-            stop_reason=seq.stop_reason if reason else None,
+            stop_reason=seq.stop_reason,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
             num_output_tokens=seq.num_output_tokens,
         )
@@ -286,7 +295,7 @@ class EngineCore:
         if seq.detokenizer.stop_reason is not None:
             seq.stop_reason = seq.detokenizer.stop_reason
             return FinishReason.STOP
-        if num_output >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_output >= seq.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 

@@ -67,18 +67,25 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         scheduled: set[int] = set()
+        bm, running_status, bs = self.block_manager, Status.RUNNING, self.block_manager.block_size
+        seqs, counts = batch.seqs, batch.num_new_tokens
+        # This loop runs for every running sequence on every step: the block check is
+        # BlockManager.num_new_blocks inline (most decode steps need no new block).
         for seq in list(self.running):
             if budget == 0:
                 break
-            num_new = min(seq.num_pending_tokens, budget)
-            if seq.status is not Status.RUNNING or num_new == 0:
+            num_new = seq.num_pending_tokens
+            if num_new > budget:
+                num_new = budget
+            if seq.status is not running_status or num_new == 0:
                 continue
-            if self.block_manager.num_new_blocks(seq, num_new):  # most decode steps need none
+            if (seq.num_computed_tokens + num_new + bs - 1) // bs > len(seq.block_table):
                 num_new = self._make_room(seq, num_new, scheduled, batch)
                 if num_new:
-                    self.block_manager.append(seq, num_new)
+                    bm.append(seq, num_new)
             if num_new:
-                batch.add(seq, num_new)
+                seqs.append(seq)
+                counts.append(num_new)
                 scheduled.add(id(seq))
                 budget -= num_new
         self._admit(batch, budget)

@@ -99,8 +99,10 @@ class Sequence:
         """
         if self.awaiting_input:
             return 0
-        holdback = 1 if self.input_open and not self.respond_per_chunk else 0
-        return max(0, self.num_tokens - holdback - self.num_computed_tokens)
+        n = len(self.token_ids) - self.num_computed_tokens
+        if self.input_open and not self.respond_per_chunk:
+            n -= 1  # the holdback
+        return n if n > 0 else 0
 
     @property
     def wants_output(self) -> bool:

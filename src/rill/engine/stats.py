@@ -46,9 +46,6 @@ class EngineStats:
     def record_ttft(self, seconds: float) -> None:
         self.ttft_s.append(seconds)
 
-    def record_itl(self, seconds: float) -> None:
-        self.itl_s.append(seconds)
-
     def record_e2e(self, seconds: float) -> None:
         self.e2e_s.append(seconds)
 

@@ -53,8 +53,10 @@ class Detokenizer:
         pieces = getattr(tokenizer, "byte_pieces", None)
         self._pieces_table = pieces(skip_special_tokens) if pieces is not None else None
         if self._pieces_table is not None:
-            self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-            self._utf8.decode(self._context_bytes(prompt_token_ids))  # its text is the prompt's, not ours
+            # An incremental UTF-8 decoder: the bytes of a character still incomplete wait in
+            # _utf8_held (codecs' IncrementalDecoder without its Python frame per token).
+            context = self._context_bytes(prompt_token_ids)  # its text is the prompt's, not ours
+            self._utf8_held = context[codecs.utf_8_decode(context, "replace", False)[1] :]
         else:
             self._ids = self._context(prompt_token_ids)
             self._read_offset = len(self._ids)
@@ -74,8 +76,18 @@ class Detokenizer:
         """Take one output id; return the text it makes final (often "", while a character or stop is open)."""
         if self.stop_reason is not None:
             return ""
-        if self._pieces_table is not None:
-            return self._release(self._utf8.decode(self._piece(token_id)), final=False)
+        table = self._pieces_table
+        if table is not None:  # the per-token hot path of every engine step: kept to a few lookups
+            data = table[token_id] if 0 <= token_id < len(table) else b""
+            if self._utf8_held:
+                data = self._utf8_held + data
+            text, used = codecs.utf_8_decode(data, "replace", False)
+            self._utf8_held = data[used:] if used < len(data) else b""
+            if self._stop:
+                return self._release(text, final=False)
+            if text:
+                self._pieces.append(text)
+            return text
         self._ids.append(token_id)
         return self._release(self._next_text(), final=False)
 
@@ -84,7 +96,8 @@ class Detokenizer:
         if self.stop_reason is not None:
             return ""
         if self._pieces_table is not None:
-            return self._release(self._utf8.decode(b"", final=True), final=True)
+            text, self._utf8_held = codecs.utf_8_decode(self._utf8_held, "replace", True)[0], b""
+            return self._release(text, final=True)
         window_text = self._decode(self._ids)
         new_text = window_text[len(self._prefix_text) :]
         self._read_offset, self._prefix_text = len(self._ids), window_text
