@@ -270,20 +270,18 @@ class EngineCore:
         return delta
 
     def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason | None) -> RequestDelta:
-        if reason is None:  # the common case: a token mid-stream
-            return RequestDelta(
-                seq.request_id, seq.index, token_ids, text, logprobs,
-                num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
-                num_output_tokens=len(seq.token_ids) - seq.output_start,
-            )
-        turn_only = self._ends_turn_only(seq)
+        finish_reason = turn_finish_reason = stop_reason = None
+        if reason is not None:
+            stop_reason = seq.stop_reason
+            if self._ends_turn_only(seq):
+                turn_finish_reason = reason.value
+            else:
+                finish_reason = reason.value
         return RequestDelta(
             seq.request_id, seq.index, token_ids, text, logprobs,
-            finish_reason=None if turn_only else reason.value,
-            turn_finish_reason=reason.value if turn_only else None,
-            stop_reason=seq.stop_reason,
+            finish_reason=finish_reason, turn_finish_reason=turn_finish_reason, stop_reason=stop_reason,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
-            num_output_tokens=seq.num_output_tokens,
+            num_output_tokens=len(seq.token_ids) - seq.output_start,
         )
 
     def _finish_reason(self, seq: Sequence, token_id: int, min_reached: bool, num_output: int) -> FinishReason | None:
