@@ -97,10 +97,12 @@ class BlockManager:
         a full block never change), so each block is hashed once, not once per block that fills
         after it: a 20,000-token session would otherwise rehash its whole history every block."""
         bs, hashes = self.block_size, seq.block_hashes
-        while len(hashes) <= i:
-            n = len(hashes)
-            hashes.append(chain_hash(hashes[-1] if n else None, tuple(seq.token_ids[n * bs : (n + 1) * bs])))
-        return hashes[i], tuple(seq.token_ids[i * bs : (i + 1) * bs])
+        while len(hashes) < i:  # earlier blocks first (callers go in order, so rarely any)
+            self._block_hash(seq, len(hashes))
+        tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+        if len(hashes) == i:
+            hashes.append(chain_hash(hashes[-1] if i else None, tokens))
+        return hashes[i], tokens
 
     def match_prefix(self, seq: Sequence) -> int:
         """For a sequence with no blocks yet: share its cached full blocks; return tokens covered.
