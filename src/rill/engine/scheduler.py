@@ -66,7 +66,6 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        scheduled: set[int] = set()
         bm, running_status, bs = self.block_manager, Status.RUNNING, self.block_manager.block_size
         seqs, counts = batch.seqs, batch.num_new_tokens
         # This loop runs for every running sequence on every step: the block check is
@@ -80,23 +79,22 @@ class Scheduler:
             if seq.status is not running_status or num_new == 0:
                 continue
             if (seq.num_computed_tokens + num_new + bs - 1) // bs > len(seq.block_table):
-                num_new = self._make_room(seq, num_new, scheduled, batch)
+                num_new = self._make_room(seq, num_new, batch)
                 if num_new:
                     bm.append(seq, num_new)
             if num_new:
                 seqs.append(seq)
                 counts.append(num_new)
-                scheduled.add(id(seq))
                 budget -= num_new
         self._admit(batch, budget)
         return batch
 
-    def _make_room(self, seq: Sequence, num_new: int, scheduled: set[int], batch: ScheduledBatch) -> int:
+    def _make_room(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> int:
         """Preempt others until seq's next num_new tokens fit; return how many tokens to compute
         (fewer when nobody is left to preempt; 0 when seq itself had to be preempted)."""
         bm = self.block_manager
         while not bm.can_append(seq, num_new):
-            victim = self._pick_victim(seq, scheduled)
+            victim = self._pick_victim(seq, batch)
             if victim is None:
                 num_fit = bm.num_tokens_that_fit(seq)
                 if num_fit > 0:
@@ -108,7 +106,8 @@ class Scheduler:
             batch.num_preempted += 1
         return num_new
 
-    def _pick_victim(self, seq: Sequence, scheduled: set[int]) -> Sequence | None:
+    def _pick_victim(self, seq: Sequence, batch: ScheduledBatch) -> Sequence | None:
+        scheduled = set(map(id, batch.seqs))  # built here, on the rare preemption path, not per step
         candidates = [s for s in reversed(self.running) if s is not seq and id(s) not in scheduled]
         idle = [s for s in candidates if s.is_idle]
         return (idle or candidates or [None])[0]
