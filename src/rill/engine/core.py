@@ -281,7 +281,7 @@ class EngineCore:
             seq.request_id, seq.index, token_ids, text, logprobs,
             finish_reason=finish_reason, turn_finish_reason=turn_finish_reason, stop_reason=stop_reason,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
-            num_output_tokens=len(seq.token_ids) - seq.output_start,
+            num_output_tokens=seq.num_output_tokens,
         )
 
     def _finish_reason(self, seq: Sequence, token_id: int, min_reached: bool, num_output: int) -> FinishReason | None:
