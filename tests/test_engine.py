@@ -304,3 +304,35 @@ def test_kv_budget_in_bytes_is_capped_by_what_max_num_seqs_can_use(mistral_dir):
     per_block = core.model_config.kv_bytes_per_token * core.config.block_size
     small = EngineCore(EngineConfig(model=str(mistral_dir), kv_cache_bytes=10 * per_block + 1))
     assert small.block_manager.num_blocks == 10
+
+
+def deltas_of(core: EngineCore, rid, ids, params, max_steps=200):
+    core.add_request(rid, ids, params)
+    out = []
+    for _ in range(max_steps):
+        out += [d for d in core.step() if d.request_id == rid]
+        if out and out[-1].finished:
+            return out
+    raise AssertionError("the request did not finish")
+
+
+def test_stop_token_id_ends_the_request_with_its_id_as_stop_reason(mistral_dir):
+    p = prompts(1, seed=13)[0]
+    greedy = alone(mistral_dir, p)
+    stop = greedy[3]
+    cut = greedy.index(stop)  # the first time it comes up
+    deltas = deltas_of(engine(mistral_dir), "s", p, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]))
+    assert [t for d in deltas for t in d.token_ids] == greedy[: cut + 1]
+    assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", stop)
+    assert [d.num_output_tokens for d in deltas] == list(range(1, cut + 2))
+    assert all(d.finish_reason is None for d in deltas[:-1])
+
+
+def test_max_tokens_and_the_model_length_end_the_request_as_length(mistral_dir):
+    p = prompts(1, seed=14, lo=20, hi=21)[0]
+    deltas = deltas_of(engine(mistral_dir), "m", p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(deltas) == 4 and deltas[-1].finish_reason == "length" and deltas[-1].num_output_tokens == 4
+    short = engine(mistral_dir, max_model_len=len(p) + 3)  # room for 3 outputs, max_tokens unset
+    deltas = deltas_of(short, "l", p, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+    assert len(deltas) == 3 and deltas[-1].finish_reason == "length"
+    assert short.block_manager.num_free_blocks == short.block_manager.num_blocks

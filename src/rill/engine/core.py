@@ -221,55 +221,70 @@ class EngineCore:
         self.stats.num_preemptions += batch.num_preempted
         if batch.is_empty:
             return pending
-        committed = [seq.num_computed_tokens for seq in batch.seqs]
-        sampling = [
-            seq for seq, n in zip(batch.seqs, batch.num_new_tokens)
-            if seq.num_computed_tokens + n == len(seq.token_ids) and seq.wants_output
-        ]
+        committed, sampling = [], []  # one pass over the batch for both
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            computed = seq.num_computed_tokens
+            committed.append(computed)
+            if computed + n == len(seq.token_ids) and (not seq.input_open or seq.respond_per_chunk):
+                sampling.append(seq)  # it reaches the end of its known tokens and wants output
         sampled = self.runner.execute(batch, sampling)
         self._advance(batch, committed)
         now = time.monotonic()  # one clock read for the step's tokens
-        deltas = [self._on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
+        on_token = self._on_token
+        deltas = [on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
         self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
         return pending + deltas
 
     def _advance(self, batch: ScheduledBatch, committed: list[int]) -> None:
-        on_computed, window = self.block_manager.on_computed, self.window
+        # Per sequence per step: BlockManager.on_computed's two checks inline, so that the call
+        # is made only when a block filled up or one may have left the window (rare in decode).
+        on_computed, window, bs = self.block_manager.on_computed, self.window, self.config.block_size
         for seq, n, before in zip(batch.seqs, batch.num_new_tokens, committed):
-            seq.num_computed_tokens += n
-            on_computed(seq, before, window)
+            after = seq.num_computed_tokens = before + n
+            if after // bs != before // bs or (
+                window is not None and (after - window + 1) // bs > seq.num_window_freed_blocks
+            ):
+                on_computed(seq, before, window)
 
     def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
-        # Runs for every sampled token: counters are read off the token list directly.
-        token_id = tok.token_id
+        # Runs for every sampled token: counters are read off the token list directly, and the
+        # finish checks are made inline before any call (most tokens end nothing).
+        token_id, stats, token_ids = tok.token_id, self.stats, seq.token_ids
         if seq.first_token_time is None:
             seq.first_token_time = now
-            self.stats.record_ttft(now - seq.arrival_time)
+            stats.record_ttft(now - seq.arrival_time)
         else:
-            self.stats.itl_s.append(now - seq.last_token_time)  # per token: no method call
+            stats.itl_s.append(now - seq.last_token_time)  # per token: no method call
         seq.last_token_time = now
-        seq.token_ids.append(token_id)
-        self.stats.num_generation_tokens += 1
+        token_ids.append(token_id)
+        stats.num_generation_tokens += 1
         # An EOS that ends the request is not text (as in vLLM); other special tokens go through
         # the detokenizer, which drops them when skip_special_tokens.
-        params = seq.params
-        num_output = len(seq.token_ids) - seq.output_start
+        params, detokenizer = seq.params, seq.detokenizer
+        num_output = len(token_ids) - seq.output_start
         min_reached = num_output > params.min_tokens
-        ends_on_eos = token_id in self.eos_token_ids and not params.ignore_eos and min_reached
-        text = "" if ends_on_eos else seq.detokenizer.add(token_id)
-        reason = FinishReason.STOP if ends_on_eos else self._finish_reason(seq, token_id, min_reached, num_output)
-        if reason is not None:
-            if seq.stop_reason is None or isinstance(seq.stop_reason, int):
-                text += seq.detokenizer.flush()
+        if token_id in self.eos_token_ids and not params.ignore_eos and min_reached:
+            text, reason = "", FinishReason.STOP
+        else:
+            text = detokenizer.add(token_id)
+            reason = None
+            if (num_output >= seq.max_tokens or detokenizer.stop_reason is not None
+                    or len(token_ids) >= self.max_model_len or token_id in params.stop_token_ids):
+                reason = self._finish_reason(seq, token_id, min_reached, num_output)
         logprobs = None
         if params.logprobs is not None:
             logprobs = [TokenLogprob(token_id, tok.logprob, tok.rank, tok.top_logprobs)]
+        if reason is None:
+            return RequestDelta(seq.request_id, seq.index, [token_id], text, logprobs, None, None, None,
+                                seq.num_prompt_tokens, seq.num_cached_tokens, num_output)
+        if seq.stop_reason is None or isinstance(seq.stop_reason, int):
+            text += detokenizer.flush()
         delta = self._delta(seq, [token_id], text, logprobs, reason)
-        if reason is not None:
-            self._end(seq, reason)
+        self._end(seq, reason)
         return delta
 
     def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason | None) -> RequestDelta:
+        """A delta that may end the request or the turn (mid-stream ones are built in _on_token)."""
         finish_reason = turn_finish_reason = stop_reason = None
         if reason is not None:
             stop_reason = seq.stop_reason

@@ -69,14 +69,18 @@ class Scheduler:
         bm, running_status, bs = self.block_manager, Status.RUNNING, self.block_manager.block_size
         seqs, counts = batch.seqs, batch.num_new_tokens
         # This loop runs for every running sequence on every step: the block check is
-        # BlockManager.num_new_blocks inline (most decode steps need no new block).
+        # BlockManager.num_new_blocks inline (most decode steps need no new block), and so is
+        # Sequence.num_pending_tokens for a sequence whose input is complete (only an open
+        # streaming session holds tokens back or waits for input).
         for seq in list(self.running):
             if budget == 0:
                 break
-            num_new = seq.num_pending_tokens
+            if seq.status is not running_status:
+                continue  # preempted earlier in this loop
+            num_new = seq.num_pending_tokens if seq.input_open else len(seq.token_ids) - seq.num_computed_tokens
             if num_new > budget:
                 num_new = budget
-            if seq.status is not running_status or num_new == 0:
+            if num_new <= 0:
                 continue
             if (seq.num_computed_tokens + num_new + bs - 1) // bs > len(seq.block_table):
                 num_new = self._make_room(seq, num_new, batch)
