@@ -35,16 +35,19 @@ class NoOpRunner:
     (scheduling, KV bookkeeping, detokenizing, delivering) is timed."""
 
     def __init__(self, vocab_size: int, first_id: int = 3):
-        self._ids = list(range(first_id, vocab_size))
+        from rill.engine.sampler import SampledToken
+
+        # Made once: building the tokens is the sampler's work, which a model step includes.
+        self._tokens = [SampledToken(i) for i in range(first_id, vocab_size)]
         self._next = 0
 
     def execute(self, batch, sampling):
-        from rill.engine.sampler import SampledToken
-
+        n, tokens = len(sampling), self._tokens
         out = []
-        for _ in sampling:
-            out.append(SampledToken(self._ids[self._next]))
-            self._next = (self._next + 1) % len(self._ids)
+        while len(out) < n:
+            take = tokens[self._next : self._next + n - len(out)]
+            out += take
+            self._next = (self._next + len(take)) % len(tokens)
         return out
 
 
