@@ -6,6 +6,7 @@ live request with an error and mark the engine dead instead of leaving callers h
 """
 
 import random
+import time
 
 import pytest
 import trio
@@ -15,6 +16,7 @@ from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.engine.core import EngineCore
 from rill.errors import EngineDeadError
+from rill.outputs import RequestDelta, TokenLogprob, coalesce
 from rill.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -104,9 +106,51 @@ async def test_each_step_reaches_trio_in_one_delivery(model_dir):
         async with trio.open_nursery() as nursery:
             for p in prompts(4, seed=1):
                 nursery.start_soon(collect, engine, p)
-        await wait_for(lambda: engine.num_deliveries == engine.core.stats.num_steps)
-        # Four requests of 10 tokens batched together: far fewer deliveries than deltas.
+        await wait_for(lambda: engine.num_delivered_steps == engine.core.stats.num_steps)
+        # Four requests of 10 tokens batched together: at most one delivery a step, far fewer
+        # than deltas (steps that pile up while trio is busy arrive together).
+        assert 0 < engine.num_deliveries <= engine.num_delivered_steps
         assert engine.num_deliveries < 4 * 10
+
+
+async def test_steps_that_pile_up_while_trio_is_busy_arrive_together_and_in_order(model_dir):
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ids = prompts(1, seed=2)[0]
+    async with open_engine(config(model_dir)) as engine:
+        recv = engine.submit("busy", ids, params)
+        await wait_for(lambda: engine.core.stats.num_steps >= 1)  # the worker is running
+        # Hold the trio thread (a blocking sleep, no checkpoint) while the worker runs steps.
+        deadline = time.monotonic() + 30
+        while engine.core.stats.num_steps < 10 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert engine.core.stats.num_steps >= 10
+        tokens, num_deltas = [], 0
+        async with recv:
+            async for delta in recv:
+                tokens += delta.token_ids
+                num_deltas += 1
+        assert engine.num_deliveries < engine.num_delivered_steps  # the held-up steps came in one call
+        assert num_deltas < len(tokens)  # and the stream's tokens in them were merged
+    assert tokens == offline(model_dir, ids, params)
+
+
+def test_coalesce_merges_each_sequence_in_order_up_to_its_end_or_turn_end():
+    def d(rid, ids, text, index=0, **kw):
+        return RequestDelta(rid, index, ids, text, **kw)
+
+    lp = [TokenLogprob(1, -0.5, 1, None)]
+    merged = coalesce([
+        d("a", [1], "x", logprobs=lp, num_output_tokens=1), d("b", [7], "q"), d("a", [2], "y", logprobs=lp),
+        d("s", [4], "m"), d("a", [3], "z", finish_reason="stop", num_output_tokens=3), d("s", [5], "n", turn_finish_reason="stop"),
+        d("s", [6], "o"), d("a", [1], "x", index=1), d("b", [8], "r"), d("b", [], "", finish_reason="length"),
+    ])
+    assert [(m.request_id, m.index, m.token_ids, m.text) for m in merged] == [
+        ("a", 0, [1, 2, 3], "xyz"), ("b", 0, [7, 8], "qr"), ("s", 0, [4, 5], "mn"), ("s", 0, [6], "o"), ("a", 1, [1], "x"),
+    ]
+    assert merged[0].finish_reason == "stop" and merged[0].num_output_tokens == 3 and merged[0].logprobs == lp * 2
+    assert merged[1].finish_reason == "length" and merged[1].logprobs is None
+    assert merged[2].turn_finish_reason == "stop" and merged[3].turn_finish_reason is None
+    assert coalesce([d("e", [], "", finish_reason="error", error="boom"), d("e", [2], "late")])[0].token_ids == []
 
 
 async def test_a_request_that_cannot_fit_fails_alone(model_dir):

@@ -33,6 +33,40 @@ class RequestDelta(msgspec.Struct, frozen=True):
         return self.finish_reason is not None
 
 
+def coalesce(deltas: list[RequestDelta]) -> list[RequestDelta]:
+    """Merge each sequence's consecutive deltas into one, keeping every sequence's order.
+
+    Used when several engine steps reach trio in one delivery (trio fell behind): a reader gets
+    one delta with all the tokens it has not seen, as vLLM's output collector does, instead of
+    one wake-up per step. A delta that ends the request or its turn, or carries an error, is
+    the last of its group, so turn and request boundaries stay where they were.
+    """
+    out: list[RequestDelta] = []
+    open_at: dict[tuple[str, int], int] = {}  # sequence -> index in out of its mergeable delta
+    for delta in deltas:
+        key = (delta.request_id, delta.index)
+        at = open_at.get(key)
+        if at is None:
+            out.append(delta)
+            at = len(out) - 1
+        else:
+            out[at] = delta = _merge(out[at], delta)
+        if delta.finish_reason is None and delta.turn_finish_reason is None and delta.error is None:
+            open_at[key] = at
+        else:
+            open_at.pop(key, None)
+    return out
+
+
+def _merge(first: RequestDelta, then: RequestDelta) -> RequestDelta:
+    logprobs = None
+    if first.logprobs is not None or then.logprobs is not None:
+        logprobs = [*(first.logprobs or ()), *(then.logprobs or ())]
+    return msgspec.structs.replace(
+        then, token_ids=first.token_ids + then.token_ids, text=first.text + then.text, logprobs=logprobs,
+    )
+
+
 class CompletionOutput(msgspec.Struct):
     index: int
     text: str = ""

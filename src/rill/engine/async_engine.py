@@ -22,7 +22,7 @@ import trio
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.errors import EngineDeadError, RillError
-from rill.outputs import RequestDelta
+from rill.outputs import RequestDelta, coalesce
 from rill.sampling_params import SamplingParams
 
 log = logging.getLogger("rill.engine")
@@ -76,7 +76,17 @@ class AsyncEngine:
         self._ids = itertools.count()
         self.dead: BaseException | None = None
         self.stats = core.snapshot()  # refreshed once per step, read by /metrics
-        self.num_deliveries = 0
+        # Worker -> trio: each step's deltas go to the outbox, and one trio callback at a time
+        # drains it. When trio falls behind (a fast model, many streams) the steps that pile up
+        # reach trio together, in one call, each sequence's deltas merged into one (coalesce):
+        # the callback queue stays one long, and each reader wakes once for several steps' tokens.
+        self._outbox: list[RequestDelta] = []
+        self._outbox_stats = self.stats
+        self._outbox_steps = 0
+        self._drain_scheduled = False
+        self._outbox_lock = threading.Lock()
+        self.num_deliveries = 0  # trio-side callbacks that delivered deltas
+        self.num_delivered_steps = 0  # engine steps whose deltas they carried
 
     # -- trio side ----------------------------------------------------------------------------
 
@@ -143,8 +153,28 @@ class AsyncEngine:
         finally:
             self.abort(request_id)
 
+    def _post(self, deltas: list[RequestDelta], stats, steps: int = 1) -> None:
+        """Worker thread: queue deltas for trio; schedule a drain unless one is already due."""
+        with self._outbox_lock:
+            self._outbox += deltas
+            self._outbox_stats = stats
+            self._outbox_steps += steps
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._token.run_sync_soon(self._drain)
+
+    def _drain(self) -> None:
+        # Runs in the trio thread: everything posted since the last drain, in one delivery.
+        with self._outbox_lock:
+            deltas, self._outbox = self._outbox, []
+            steps, self._outbox_steps = self._outbox_steps, 0
+            stats, self._drain_scheduled = self._outbox_stats, False
+        self.num_delivered_steps += steps
+        self._deliver(coalesce(deltas) if steps > 1 else deltas, stats)
+
     def _deliver(self, deltas: list[RequestDelta], stats) -> None:
-        # Runs in the trio thread, once per engine step.
+        # Runs in the trio thread, once per drain (one or more engine steps).
         self.stats = stats
         self.num_deliveries += 1
         for delta in deltas:
@@ -183,7 +213,7 @@ class AsyncEngine:
             while self._apply_inbox():
                 if self.core.has_work or self.core._pending:
                     deltas = self.core.step()
-                    self._token.run_sync_soon(self._deliver, deltas, self.core.snapshot())
+                    self._post(deltas, self.core.snapshot())
                 else:
                     self._wake.wait()
                     self._wake.clear()
@@ -223,7 +253,7 @@ class AsyncEngine:
             if not isinstance(msg, Abort):
                 core.abort(msg.request_id)
                 error = RequestDelta(msg.request_id, 0, [], "", finish_reason="error", error=str(exc))
-                self._token.run_sync_soon(self._deliver, [error], core.snapshot())
+                self._post([error], core.snapshot(), steps=0)
 
     def shutdown(self) -> None:
         self._send(Shutdown())
