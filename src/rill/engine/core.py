@@ -221,25 +221,20 @@ class EngineCore:
         self.stats.num_preemptions += batch.num_preempted
         if batch.is_empty:
             return pending
-        committed, sampling = [], []  # one pass over the batch for both
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            computed = seq.num_computed_tokens
-            committed.append(computed)
-            if computed + n == len(seq.token_ids) and (not seq.input_open or seq.respond_per_chunk):
-                sampling.append(seq)  # it reaches the end of its known tokens and wants output
+        sampling = batch.sampling
         sampled = self.runner.execute(batch, sampling)
-        self._advance(batch, committed)
+        self._advance(batch)
         now = time.monotonic()  # one clock read for the step's tokens
         on_token = self._on_token
         deltas = [on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
         self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
         return pending + deltas
 
-    def _advance(self, batch: ScheduledBatch, committed: list[int]) -> None:
+    def _advance(self, batch: ScheduledBatch) -> None:
         # Per sequence per step: BlockManager.on_computed's two checks inline, so that the call
         # is made only when a block filled up or one may have left the window (rare in decode).
         on_computed, window, bs = self.block_manager.on_computed, self.window, self.config.block_size
-        for seq, n, before in zip(batch.seqs, batch.num_new_tokens, committed):
+        for seq, n, before in zip(batch.seqs, batch.num_new_tokens, batch.num_computed):
             after = seq.num_computed_tokens = before + n
             if after // bs != before // bs or (
                 window is not None and (after - window + 1) // bs > seq.num_window_freed_blocks

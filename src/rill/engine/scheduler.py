@@ -22,11 +22,17 @@ from rill.engine.sequence import Sequence, Status
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    num_computed: list[int] = field(default_factory=list)  # each seq's num_computed_tokens before the step
+    sampling: list[Sequence] = field(default_factory=list)  # the seqs that sample a token, in batch order
     num_preempted: int = 0
 
     def add(self, seq: Sequence, num_new: int) -> None:
+        computed = seq.num_computed_tokens
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new)
+        self.num_computed.append(computed)
+        if computed + num_new == len(seq.token_ids) and seq.wants_output:
+            self.sampling.append(seq)  # it reaches the end of its known tokens and wants output
 
     @property
     def is_empty(self) -> bool:
@@ -67,31 +73,50 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         bm, running_status, bs = self.block_manager, Status.RUNNING, self.block_manager.block_size
-        seqs, counts = batch.seqs, batch.num_new_tokens
-        # This loop runs for every running sequence on every step: the block check is
-        # BlockManager.num_new_blocks inline (most decode steps need no new block), and so is
-        # Sequence.num_pending_tokens for a sequence whose input is complete (only an open
-        # streaming session holds tokens back or waits for input).
+        seqs, counts, computed_before, sampling = batch.seqs, batch.num_new_tokens, batch.num_computed, batch.sampling
+        # This loop runs for every running sequence on every step, so ScheduledBatch.add is inline
+        # for a sequence whose input is complete (the common case; an open streaming session may
+        # hold tokens back or wait for input), and so is BlockManager.num_new_blocks (most decode
+        # steps need no new block).
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.status is not running_status:
                 continue  # preempted earlier in this loop
-            num_new = seq.num_pending_tokens if seq.input_open else len(seq.token_ids) - seq.num_computed_tokens
-            if num_new > budget:
-                num_new = budget
+            if seq.input_open:
+                num_new = min(seq.num_pending_tokens, budget)
+                if num_new and self._fit(seq, num_new, batch):
+                    batch.add(seq, num_new)
+                    budget -= num_new
+                continue
+            computed = seq.num_computed_tokens
+            num_new = len(seq.token_ids) - computed
             if num_new <= 0:
                 continue
-            if (seq.num_computed_tokens + num_new + bs - 1) // bs > len(seq.block_table):
-                num_new = self._make_room(seq, num_new, batch)
-                if num_new:
-                    bm.append(seq, num_new)
-            if num_new:
-                seqs.append(seq)
-                counts.append(num_new)
-                budget -= num_new
+            samples = num_new <= budget  # the chunk reaches the end of the known tokens
+            if not samples:
+                num_new = budget
+            if (computed + num_new + bs - 1) // bs > len(seq.block_table):
+                fit = self._fit(seq, num_new, batch)
+                if fit < num_new:
+                    num_new, samples = fit, False
+                if not num_new:
+                    continue
+            seqs.append(seq)
+            counts.append(num_new)
+            computed_before.append(computed)
+            if samples:
+                sampling.append(seq)
+            budget -= num_new
         self._admit(batch, budget)
         return batch
+
+    def _fit(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> int:
+        """Make room for seq's next num_new tokens and take the blocks; return how many fit."""
+        num_new = self._make_room(seq, num_new, batch)
+        if num_new:
+            self.block_manager.append(seq, num_new)
+        return num_new
 
     def _make_room(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> int:
         """Preempt others until seq's next num_new tokens fit; return how many tokens to compute
