@@ -52,6 +52,9 @@ class Detokenizer:
         self._include_stop = include_stop_str_in_output
         pieces = getattr(tokenizer, "byte_pieces", None)
         self._pieces_table = pieces(skip_special_tokens) if pieces is not None else None
+        texts = getattr(tokenizer, "byte_texts", None) if self._pieces_table is not None else None
+        # Each id's text where its bytes are whole characters (None where they are not), or no table.
+        self._texts_table = texts(skip_special_tokens) if texts is not None else None
         if self._pieces_table is not None:
             # An incremental UTF-8 decoder: the bytes of a character still incomplete wait in
             # _utf8_held (codecs' IncrementalDecoder without its Python frame per token).
@@ -78,6 +81,15 @@ class Detokenizer:
             return ""
         table = self._pieces_table
         if table is not None:  # the per-token hot path of every engine step: kept to a few lookups
+            texts = self._texts_table
+            if texts is not None and not self._utf8_held and 0 <= token_id < len(texts):
+                text = texts[token_id]  # whole characters, nothing held: no decoder needed
+                if text is not None:
+                    if self._stop:
+                        return self._release(text, final=False)
+                    if text:
+                        self._pieces.append(text)
+                    return text
             data = table[token_id] if 0 <= token_id < len(table) else b""
             if self._utf8_held:
                 data = self._utf8_held + data

@@ -53,6 +53,7 @@ class Tokenizer:
         self.unk_token, self.unk_token_id = self._named("unk_token")
         # Built once here, read by every detokenizer (None: not a plain ByteLevel decoder).
         self._byte_pieces = {skip: byte_pieces(backend, self.vocab_size, skip) for skip in (True, False)}
+        self._byte_texts = {skip: _whole_texts(pieces) for skip, pieces in self._byte_pieces.items()}
 
     @classmethod
     def from_dir(cls, path: str | Path, chat_template: str | None = None) -> Tokenizer:
@@ -86,6 +87,11 @@ class Tokenizer:
     def byte_pieces(self, skip_special_tokens: bool = True) -> tuple[bytes, ...] | None:
         """Each id's bytes when decoding is plain ByteLevel (see rill.tokenizer.byte_pieces), else None."""
         return self._byte_pieces[skip_special_tokens]
+
+    def byte_texts(self, skip_special_tokens: bool = True) -> tuple[str | None, ...] | None:
+        """With byte_pieces: each id's text where its bytes are whole UTF-8 characters, else None
+        (a piece of a character; the detokenizer's UTF-8 decoder joins those)."""
+        return self._byte_texts[skip_special_tokens]
 
     def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
         """Token string -> id, as in transformers; without added tokens: the model's own vocabulary."""
@@ -207,3 +213,15 @@ def _register_added_tokens(backend: Backend, config: dict[str, Any], named: list
     missing = {t.content: t for t in [*named, *extra] if t.content not in known}
     backend.add_tokens([*declared, *missing.values()])
     backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
+
+
+def _whole_texts(pieces: tuple[bytes, ...] | None) -> tuple[str | None, ...] | None:
+    if pieces is None:
+        return None
+    texts = []
+    for piece in pieces:
+        try:
+            texts.append(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(None)
+    return tuple(texts)
