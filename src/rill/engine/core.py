@@ -278,18 +278,16 @@ class EngineCore:
         self._end(seq, reason)
         return delta
 
-    def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason | None) -> RequestDelta:
-        """A delta that may end the request or the turn (mid-stream ones are built in _on_token)."""
-        finish_reason = turn_finish_reason = stop_reason = None
-        if reason is not None:
-            stop_reason = seq.stop_reason
-            if self._ends_turn_only(seq):
-                turn_finish_reason = reason.value
-            else:
-                finish_reason = reason.value
+    def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason) -> RequestDelta:
+        """The delta that ends the request, or the turn (mid-stream ones are built in _on_token)."""
+        finish_reason = turn_finish_reason = None
+        if self._ends_turn_only(seq):
+            turn_finish_reason = reason.value
+        else:
+            finish_reason = reason.value
         return RequestDelta(
             seq.request_id, seq.index, token_ids, text, logprobs,
-            finish_reason=finish_reason, turn_finish_reason=turn_finish_reason, stop_reason=stop_reason,
+            finish_reason=finish_reason, turn_finish_reason=turn_finish_reason, stop_reason=seq.stop_reason,
             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
             num_output_tokens=seq.num_output_tokens,
         )

@@ -81,20 +81,15 @@ class Detokenizer:
             return ""
         table = self._pieces_table
         if table is not None:  # the per-token hot path of every engine step: kept to a few lookups
-            texts = self._texts_table
+            texts, text = self._texts_table, None
             if texts is not None and not self._utf8_held and 0 <= token_id < len(texts):
                 text = texts[token_id]  # whole characters, nothing held: no decoder needed
-                if text is not None:
-                    if self._stop:
-                        return self._release(text, final=False)
-                    if text:
-                        self._pieces.append(text)
-                    return text
-            data = table[token_id] if 0 <= token_id < len(table) else b""
-            if self._utf8_held:
-                data = self._utf8_held + data
-            text, used = codecs.utf_8_decode(data, "replace", False)
-            self._utf8_held = data[used:] if used < len(data) else b""
+            if text is None:  # part of a character, or one is open: the UTF-8 decoder joins them
+                data = table[token_id] if 0 <= token_id < len(table) else b""
+                if self._utf8_held:
+                    data = self._utf8_held + data
+                text, used = codecs.utf_8_decode(data, "replace", False)
+                self._utf8_held = data[used:] if used < len(data) else b""
             if self._stop:
                 return self._release(text, final=False)
             if text:
