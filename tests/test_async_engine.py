@@ -117,19 +117,24 @@ async def test_steps_that_pile_up_while_trio_is_busy_arrive_together_and_in_orde
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     ids = prompts(1, seed=2)[0]
     async with open_engine(config(model_dir)) as engine:
+        async with engine.submit("warm-up", ids, SamplingParams(temperature=0, max_tokens=1)) as warm_up:
+            async for _ in warm_up:  # the worker thread is running and idle again
+                pass
+        deliveries, delivered_steps, steps = engine.num_deliveries, engine.num_delivered_steps, engine.core.stats.num_steps
         recv = engine.submit("busy", ids, params)
-        await wait_for(lambda: engine.core.stats.num_steps >= 1)  # the worker is running
-        # Hold the trio thread (a blocking sleep, no checkpoint) while the worker runs steps.
+        # Hold the trio thread from the submit on (a blocking sleep, no checkpoint) while the worker
+        # runs steps: no delivery can run before the hold ends, however fast the worker is.
         deadline = time.monotonic() + 30
-        while engine.core.stats.num_steps < 10 and time.monotonic() < deadline:
+        while engine.core.stats.num_steps < steps + 10 and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert engine.core.stats.num_steps >= 10
+        assert engine.core.stats.num_steps >= steps + 10
         tokens, num_deltas = [], 0
         async with recv:
             async for delta in recv:
                 tokens += delta.token_ids
                 num_deltas += 1
-        assert engine.num_deliveries < engine.num_delivered_steps  # the held-up steps came in one call
+        # the held-up steps came in one call
+        assert engine.num_deliveries - deliveries < engine.num_delivered_steps - delivered_steps
         assert num_deltas < len(tokens)  # and the stream's tokens in them were merged
     assert tokens == offline(model_dir, ids, params)
 
