@@ -117,6 +117,25 @@ def test_a_vocabulary_with_tokens_across_words_commits_only_at_the_end(tokenizer
     assert encoder.feed("hello world and more ") == [] and encoder.flush() != []
 
 
+TOOL_TEXT = ('<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Get the weather", '
+             '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}\n'
+             '</tools> <tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call> '
+             '{"temperature_c": 21, "condition": "sunny"} then done')
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(0, len(TOOL_TEXT)), max_size=12))
+def test_tool_json_tokens_stream_exactly_and_still_commit_early(tokenizers, cuts):
+    """rill-tiny's recipe makes the fixed JSON of tool schemas and calls single tokens ('", "name": "'):
+    they hold spaces, yet none between a non-space and a letter, so cuts at words stay safe."""
+    tokenizer = tokenizers["letter_digit"]
+    assert splits_at_words(tokenizer)
+    assert streamed_ids(tokenizer, "", pieces(TOOL_TEXT, cuts)) == tokenizer.encode(TOOL_TEXT, add_special_tokens=False)
+    encoder = IncrementalEncoder(tokenizer, add_special_tokens=False)
+    early = [i for part in pieces(TOOL_TEXT, cuts) for i in encoder.feed(part)]
+    assert early and encoder.num_pending_chars <= len(" done")
+
+
 @pytest.mark.parametrize("name", ["byte_fallback", "sentencepiece"])
 def test_the_bos_a_tokenizer_adds_comes_once_before_the_first_ids(tokenizers, name):
     tokenizer = tokenizers[name]

@@ -34,7 +34,7 @@ _CUT = re.compile(r"(?<=\S)\s+(?=[^\W_])")  # a whitespace run after a non-space
 _PROBE = "a"
 # How vocabularies write whitespace inside a token (ByteLevel's Ġ Ċ ĉ, sentencepiece's ▁).
 _MARKERS = str.maketrans({"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"})
-_CROSS_WORD = re.compile(r"\w\S*\s+\S*\w")  # a word, whitespace, a word: one token spans words
+_CROSS_WORD = re.compile(r"\S\s+[^\W_]")  # a token holding a cut point (see _CUT) would span it
 
 
 class IncrementalEncoder:
