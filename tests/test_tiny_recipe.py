@@ -11,7 +11,7 @@ import pytest
 
 from rill.tiny import corpus, evaluate, splits, tasks
 from rill.tiny.template import CHAT_TEMPLATE, render
-from rill.tiny.tokenizer_train import TOOL_TOKENS, save_tokenizer, train_tokenizer
+from rill.tiny.tokenizer_train import JSON_TOKENS, TOOL_TOKENS, save_tokenizer, train_tokenizer
 
 ASSETS = evaluate.DEFAULT_MODEL_DIR
 ASSET_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
@@ -123,6 +123,24 @@ def test_tool_markers_are_single_tokens(tokenizer):
         assert len(tokenizer.encode(marker).ids) == 1
 
 
+def test_tool_json_fragments_are_single_tokens_and_round_trip(tokenizer):
+    for fragment in JSON_TOKENS:
+        assert len(tokenizer.encode(fragment).ids) == 1, fragment
+    text = render(_weather_chain(), [tasks.WEATHER_TOOL, tasks.TIME_TOOL])
+    assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text
+    without_specials = re.sub(r"<\|(im_start|im_end|endoftext)\|>", "", text)
+    assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=True) == without_specials
+
+
+def test_a_tool_call_is_its_name_keys_and_value_letters(tokenizer):
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "Tokyo"}})
+    tokens = [tokenizer.id_to_token(i) for i in tokenizer.encode(call).ids]
+    texts = [tokenizer.decode([i]) for i in tokenizer.encode(call).ids]
+    assert texts[0] == '{"name": "' and '", "arguments": {"' in texts
+    value = texts[len(texts) - 1 - texts[::-1].index('": "') + 1:]
+    assert value == [*"Tokyo", '"}}'], tokens
+
+
 # -- chat template --------------------------------------------------------------------------------
 
 
@@ -184,8 +202,43 @@ def test_training_smoke_run_writes_a_loadable_directory(tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     assert model.config.sliding_window == train.SLIDING_WINDOW
+    assert "rill" not in (out / "config.json").read_text()  # the training attention kernel stays out
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], add_generation_prompt=True)
     assert len(model.generate(**_as_batch(prompt), max_new_tokens=2, do_sample=False)[0]) > 0
+
+
+def test_training_window_attention_matches_sdpa_in_values_and_gradients():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from rill.tiny import window_attention
+
+    config = transformers.MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=40, max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 300))  # several query chunks, each reaching back past the window
+    results = []
+    for attn in ("sdpa", window_attention.register()):
+        torch.manual_seed(1)
+        model = transformers.MistralForCausalLM(config)
+        model.config._attn_implementation = attn
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        results.append((out.logits.detach(), [p.grad for p in model.parameters()]))
+    (ref_logits, ref_grads), (logits, grads) = results
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+
+
+def test_training_window_attention_refuses_a_padding_mask():
+    torch = pytest.importorskip("torch")
+    from rill.tiny import window_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="attention mask"):
+        window_attention.window_attention(None, q, q, q, torch.ones(1, 1, 4, 4, dtype=torch.bool), sliding_window=2)
 
 
 @pytest.mark.parametrize("device,capability,want", [

@@ -26,12 +26,12 @@ import transformers
 from tqdm import tqdm
 from transformers import GenerationConfig, MistralConfig, MistralForCausalLM
 
-from rill.tiny import corpus, dataset, splits
+from rill.tiny import corpus, dataset, splits, window_attention
 from rill.tiny.tokenizer_train import ENDOFTEXT, IM_END, IM_START, MODEL_MAX_LENGTH, save_tokenizer, train_tokenizer
 
 TOKENIZER_SAMPLE = 4000  # conversations the BPE merges are learned from
-SLIDING_WINDOW = 512  # half the 1024-token training rows, so every row crosses the window, yet a
-# single-turn prompt with both tools listed fits inside it
+SLIDING_WINDOW = 640  # below the 1024-token training rows, so most rows cross the window, yet a
+# question with both tools listed and a few earlier turns keeps the tool names inside it
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="output Hugging Face directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=3200)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--batch-size", type=int, default=8, help="rows per step")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per row")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -136,7 +136,12 @@ def save_model(model: MistralForCausalLM, out: Path, ids: dict[str, int]) -> Non
     model.generation_config = GenerationConfig(
         bos_token_id=ids[ENDOFTEXT], eos_token_id=[ids[IM_END], ids[ENDOFTEXT]], pad_token_id=ids[ENDOFTEXT], do_sample=False
     )
-    model.save_pretrained(out, safe_serialization=True)
+    # The training-only attention kernel is not part of the shipped config: loaders pick their own.
+    attn, model.config._attn_implementation = model.config._attn_implementation, "sdpa"
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        model.config._attn_implementation = attn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {len(rows)} rows of {args.seq_len} tokens, {int(rows.loss_mask.sum())} trained tokens, "
           f"{rows.num_dropped} long conversations dropped, vocab {tokenizer.get_vocab_size()}, {data_s:.1f} s")
     model = MistralForCausalLM(model_config(tokenizer.get_vocab_size(), ids)).to(args.device)
+    model.config._attn_implementation = window_attention.register()
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params / 1e6:.2f}M parameters on {args.device}")
     train_started = time.perf_counter()
