@@ -203,6 +203,13 @@ def test_training_smoke_run_writes_a_loadable_directory(tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     assert model.config.sliding_window == train.SLIDING_WINDOW
     assert "rill" not in (out / "config.json").read_text()  # the training attention kernel stays out
+    assert json.loads((out / "training_run.json").read_text())["steps"] == 2
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        assert (out / "training_loss.png").read_bytes()[:4] == b"\x89PNG"
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], add_generation_prompt=True)
     assert len(model.generate(**_as_batch(prompt), max_new_tokens=2, do_sample=False)[0]) > 0
 
@@ -286,3 +293,15 @@ def test_shipped_model_answers_the_issue_examples():
     cases = [case for examples in evaluate.issue_examples().values() for case in examples]
     texts = backend.generate(cases, evaluate.MAX_TOKENS)
     assert [evaluate.is_correct(c, t) for c, t in zip(cases, texts)] == [True] * len(cases), texts
+
+
+def test_eval_command_writes_its_report_and_a_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    report_file = tmp_path / "eval.json"
+    rc = evaluate.main(["--per-family", "2", "--backend", "rill", "--json", str(report_file)])
+    report = json.loads(report_file.read_text())
+    assert set(report["families"]) >= {"add", "sub", "weather_call", "tool_answer", "about"}
+    assert all(entry["n"] == 2 for entry in report["families"].values())
+    assert rc == (1 if any(e["accuracy"] < evaluate.BAR for e in report["families"].values()) else 0)
+    assert (tmp_path / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| add |" in capsys.readouterr().out

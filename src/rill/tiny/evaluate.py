@@ -201,11 +201,35 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(report: dict, path: Path) -> Path:
+    """Accuracy per family as bars, with the bar every family must reach (needs matplotlib)."""
+    import matplotlib  # noqa: F401  (raises ImportError before anything is drawn)
+
+    from rill.bench.common import save_plot
+
+    families = [f for f, e in report["families"].items() if e["n"]]
+    accuracy = [100 * report["families"][f]["accuracy"] for f in families]
+
+    def draw(axes):
+        ax = axes[0]
+        bars = ax.bar(families, accuracy, color=["tab:green" if a >= 100 * BAR else "tab:red" for a in accuracy])
+        ax.axhline(100 * BAR, color="black", linestyle="--", linewidth=1, label=f"bar {BAR:.0%}")
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(loc="lower right")
+
+    n = max(report["families"][f]["n"] for f in families) if families else 0
+    return save_plot(path, draw, title=f"{Path(report['model']).name}: {n} held-out cases per family, "
+                                        f"{report['backend']} backend")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rill eval-tiny", description="Held-out accuracy of rill-tiny per task family.")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="Hugging Face model directory")
     p.add_argument("--per-family", type=int, default=100, help="cases per family")
-    p.add_argument("--json", type=Path, default=None, help="write the full report here")
+    p.add_argument("--json", type=Path, default=None, help="write the full report here (and a plot beside it, FILE.png)")
     p.add_argument("--backend", choices=("transformers", "rill"), default="rill")
     p.add_argument("--device", default="cpu", help="device for the transformers backend")
     p.add_argument("--seed", type=int, default=1234, help="seed of the held-out cases")
@@ -224,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['num_cases']} cases in {report['seconds']} s with the {args.backend} backend")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        try:
+            png = plot(report, args.json.with_suffix(".png"))
+        except ImportError:
+            print(f"wrote {args.json} (install the bench extra for a plot)")
+        else:
+            print(f"wrote {args.json} and {png}")
     below = [f for f, e in report["families"].items() if e["n"] and e["accuracy"] < BAR]
     if below:
         print(f"below {BAR:.0%}: {', '.join(below)}", file=sys.stderr)

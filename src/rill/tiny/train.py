@@ -179,8 +179,31 @@ def main(argv: list[str] | None = None) -> int:
     save_tokenizer(tokenizer, args.out)
     record = run_record(args, rows, num_params, losses, data_s, train_s)
     (args.out / "training_run.json").write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        plot_losses(record, args.out / "training_loss.png")
+    except ImportError:
+        pass  # the plot needs matplotlib (the bench extra); the losses are in training_run.json
     print(f"trained {args.steps} steps in {train_s:.1f} s ({train_s / args.steps * 1000:.1f} ms/step); wrote {args.out}")
     return 0
+
+
+def plot_losses(record: dict, path: Path) -> Path:
+    import matplotlib  # noqa: F401  (raises ImportError before anything is drawn)
+
+    from rill.bench.common import save_plot
+
+    losses = record["losses_every_25_steps"]
+
+    def draw(axes):
+        ax = axes[0]
+        steps = sorted({*range(0, record["steps"], 25), record["steps"] - 1})  # as train() records them
+        ax.plot(steps[:len(losses)], losses)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (log scale)")
+
+    return save_plot(path, draw, title=f"rill train-tiny, seed {record['seed']}: {record['steps']} steps, "
+                                        f"{record['train_s'] / 60:.0f} min on {record['device']}")
 
 
 def run_record(args, rows, num_params, losses, data_s, train_s) -> dict:
