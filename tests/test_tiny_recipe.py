@@ -134,8 +134,9 @@ def test_tool_json_fragments_are_single_tokens_and_round_trip(tokenizer):
 
 def test_a_tool_call_is_its_name_keys_and_value_letters(tokenizer):
     call = json.dumps({"name": "get_weather", "arguments": {"city": "Tokyo"}})
-    tokens = [tokenizer.id_to_token(i) for i in tokenizer.encode(call).ids]
-    texts = [tokenizer.decode([i]) for i in tokenizer.encode(call).ids]
+    ids = tokenizer.encode(call).ids
+    tokens = [tokenizer.id_to_token(i) for i in ids]
+    texts = [tokenizer.decode([i]) for i in ids]
     assert texts[0] == '{"name": "' and '", "arguments": {"' in texts
     value = texts[len(texts) - 1 - texts[::-1].index('": "') + 1:]
     assert value == [*"Tokyo", '"}}'], tokens

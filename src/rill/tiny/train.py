@@ -188,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_losses(record: dict, path: Path) -> Path:
-    import matplotlib  # noqa: F401  (raises ImportError before anything is drawn)
-
+    """The loss curve of training_run.json (ImportError without matplotlib)."""
     from rill.bench.common import save_plot
 
     losses = record["losses_every_25_steps"]

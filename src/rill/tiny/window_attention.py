@@ -18,7 +18,8 @@ QUERY_CHUNK = 128
 
 def window_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                      **kwargs):
-    """`transformers` attention interface: (batch, heads, seq, dim) in, (batch, seq, heads, dim) out.
+    """`transformers` attention interface: (batch, heads, seq, dim) in, (batch, seq, heads, dim) out;
+    the caller passes dropout 0.0 outside training.
     Causal within unpadded rows only (training packs full rows, so there is no padding mask)."""
     if attention_mask is not None:
         raise ValueError(f"{NAME} serves unpadded causal training rows; got an attention mask")
@@ -34,7 +35,7 @@ def window_attention(module, query, key, value, attention_mask, scaling=None, dr
         visible = (cols <= rows) & (cols > rows - window)
         outs.append(F.scaled_dot_product_attention(
             query[:, :, start:end], key[:, :, first:end], value[:, :, first:end],
-            attn_mask=visible, dropout_p=dropout if module is None or module.training else 0.0, scale=scaling,
+            attn_mask=visible, dropout_p=dropout, scale=scaling,
             enable_gqa=gqa,
         ))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None

@@ -34,7 +34,6 @@ _CUT = re.compile(r"(?<=\S)\s+(?=[^\W_])")  # a whitespace run after a non-space
 _PROBE = "a"
 # How vocabularies write whitespace inside a token (ByteLevel's Ġ Ċ ĉ, sentencepiece's ▁).
 _MARKERS = str.maketrans({"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"})
-_CROSS_WORD = re.compile(r"\S\s+[^\W_]")  # a token holding a cut point (see _CUT) would span it
 
 
 class IncrementalEncoder:
@@ -121,9 +120,9 @@ def _special_ids(tokenizer: Tokenizer, add_special_tokens: bool) -> tuple[list[i
 
 @lru_cache(maxsize=8)
 def splits_at_words(tokenizer: Tokenizer) -> bool:
-    """Whether no token of the vocabulary spans two words. Where merges cross words (a BPE trained
-    without whitespace pre-tokenization) no early cut is safe."""
-    return not any(_CROSS_WORD.search(text.strip()) for text in _token_texts(tokenizer))
+    """Whether no token of the vocabulary holds a cut point (spans two words). Where merges cross
+    words (a BPE trained without whitespace pre-tokenization) no early cut is safe."""
+    return not any(_CUT.search(text.strip()) for text in _token_texts(tokenizer))
 
 
 def _token_texts(tokenizer: Tokenizer) -> Iterator[str]:
