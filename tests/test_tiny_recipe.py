@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from rill.tiny import corpus, evaluate, splits, tasks
-from rill.tiny.template import CHAT_TEMPLATE, render
+from rill.tiny import corpus, evaluate, schemas, splits, tasks
+from rill.tiny.template import CHAT_TEMPLATE, TOOLS_HEADER, render
 from rill.tiny.tokenizer_train import JSON_TOKENS, TOOL_TOKENS, save_tokenizer, train_tokenizer
 
 ASSETS = evaluate.DEFAULT_MODEL_DIR
@@ -89,17 +89,72 @@ def test_eval_cases_use_held_out_values():
             a, b, _ = map(int, re.findall(r"\d+", case.expected.rsplit(". ", 1)[-1]))  # "... a + b = c"
             assert splits.is_eval_pair(a, b)
         if case.family == "weather_call":
-            assert case.expected["arguments"]["city"] in splits.eval_cities()
+            (city,) = case.expected["arguments"].values()
+            assert city in splits.eval_cities()
 
 
-def test_tool_families_call_only_listed_tools():
+def test_tool_families_call_the_listed_tool_that_fits_by_its_name_and_parameter():
     rng = random.Random(0)
-    for _ in range(200):
-        c = corpus.sample_conversation(rng, splits.TRAIN, "weather")
-        listed = {t["function"]["name"] for t in c.tools or ()}
-        called = {call["function"]["name"] for m in c.messages for call in m.get("tool_calls", ())}
-        assert called <= listed
-        assert ("get_weather" in called) == ("get_weather" in listed)
+    for _ in range(300):
+        c = corpus.sample_conversation(rng, splits.TRAIN, "weather", num_history=0)
+        listed = {t["function"]["name"]: t["function"]["parameters"] for t in c.tools or ()}
+        fitting = [name for name in listed if "weather" in name.lower()]
+        calls = [call["function"] for m in c.messages for call in m.get("tool_calls", ())]
+        assert [call["name"] for call in calls] == fitting[:1]
+        for call in calls:
+            assert list(call["arguments"]) == list(listed[call["name"]]["properties"])[:1]
+
+
+def test_training_lists_tools_in_every_framework_shape_beside_tools_that_do_not_fit():
+    texts = "\n".join(c.text() for c in _train_conversations(3000, seed=2) if c.tools)
+    for fragment in ('"parameters": {"properties": {"', '"title": "City"', '"additionalProperties": false}, "strict": true',
+                     "Correctly extracted `", ': str) -> str\\n', '"enum": ["celsius", "fahrenheit"]', '"description": null',
+                     '"parameters": {"type": "object", "properties": {"', '"name": "search_web"', '"name": "GetWeather"'):
+        assert fragment in texts, fragment
+    assert re.search(r'"parameters": \{"properties": \{[^\n]*?\}\}, "type": "object"\}', texts)  # no "required"
+
+
+@pytest.mark.parametrize("shape", list(schemas.PRESETS))
+def test_framework_presets_reproduce_what_the_frameworks_send(shape):
+    """The exact JSON that langchain-core 1.8, openai-agents 0.24, llama-index-core 0.14, instructor 1.17
+    and llm 0.36 send for get_weather(city) (dumped from the real packages into these literals)."""
+    want = {
+        "rill": tasks.WEATHER_TOOL,
+        "langchain": FRAMEWORK_WEATHER["langchain"], "llm": FRAMEWORK_WEATHER["langchain"],
+        "openai_agents": FRAMEWORK_WEATHER["openai_agents"], "llama_index": FRAMEWORK_WEATHER["llama_index"],
+        "instructor": FRAMEWORK_WEATHER["instructor"],
+    }
+    name, param, doc = schemas.preset_tool(shape, "weather")
+    tool, _, _ = schemas.tool_for(random.Random(0), "weather", schemas.PRESETS[shape], (name, param, doc))
+    if shape in want:
+        assert json.dumps(tool) == json.dumps(want[shape])
+    assert tool["function"]["name"] == name and param in tool["function"]["parameters"]["properties"]
+
+
+def _framework_tool(parameters: dict, description="Get the current weather in a city.", name="get_weather", **extra) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters, **extra}}
+
+
+_PYDANTIC = {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}
+_TITLED = {"properties": {"city": {"title": "City", "type": "string"}}, "required": ["city"], "type": "object"}
+FRAMEWORK_WEATHER = {
+    "langchain": _framework_tool(_PYDANTIC),
+    "openai_agents": _framework_tool({**{k: v for k, v in _TITLED.items() if k != "type"}, "title": "get_weather_args",
+                                      "type": "object", "additionalProperties": False}, strict=True),
+    "llama_index": _framework_tool(_TITLED, "get_weather(city: str) -> str\nGet the current weather in a city."),
+    "instructor": _framework_tool(_TITLED, "Correctly extracted `GetWeather` with all the required parameters with correct types",
+                                  name="GetWeather"),
+}
+
+
+@pytest.mark.parametrize("form,want", [
+    ("json", '{"temperature_c": 2, "condition": "snowy"}'), ("compact", '{"temperature_c":2,"condition":"snowy"}'),
+    ("repr", "{'temperature_c': 2, 'condition': 'snowy'}"),
+])
+def test_tool_results_come_in_the_forms_clients_send(form, want):
+    assert schemas.serialize({"temperature_c": 2, "condition": "snowy"}, form) == want
+    forms = {schemas.weather_result(random.Random(i), "Lima", 2, "snowy") for i in range(200)}
+    assert want in forms and "2°C and snowy" in forms
 
 
 # -- tokenizer ------------------------------------------------------------------------------------
@@ -123,8 +178,8 @@ def test_tool_markers_are_single_tokens(tokenizer):
         assert len(tokenizer.encode(marker).ids) == 1
 
 
-def test_tool_json_fragments_are_single_tokens_and_round_trip(tokenizer):
-    for fragment in JSON_TOKENS:
+def test_tool_json_fragments_and_the_tools_preamble_are_single_tokens_and_round_trip(tokenizer):
+    for fragment in (*JSON_TOKENS, TOOLS_HEADER):
         assert len(tokenizer.encode(fragment).ids) == 1, fragment
     text = render(_weather_chain(), [tasks.WEATHER_TOOL, tasks.TIME_TOOL])
     assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text

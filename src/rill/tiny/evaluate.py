@@ -3,7 +3,10 @@
     rill eval-tiny [--model DIR] [--per-family N] [--json FILE] [--backend transformers|rill]
 
 Cases come from the held-out split (number pairs, words, cities and zones the recipe never
-trains on), each after 0-4 earlier exchanges, with or without a system prompt. Each family's
+trains on), each after 0-4 earlier exchanges, with or without a system prompt. The tool families
+list their tools in the exact shapes agent frameworks emit (schemas.PRESETS: LangChain, llm, the
+OpenAI Agents SDK, LlamaIndex, instructor, no `required`, an enum parameter, and rill's own), beside
+tools that fit nothing, and tool results come in the forms clients send. Each family's
 first case is the issue's own example. Generation goes through a backend: transformers
 (greedy `generate`) or rill's offline `LLM`.
 """
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rill.tiny import corpus, splits, tasks
+from rill.tiny import corpus, schemas, splits, tasks
 
 FAMILIES = ("add", "sub", "reverse", "uppercase", "count", "weather_call", "time_call", "tool_answer", "no_tool", "about")
 CALL_FAMILIES = ("weather_call", "time_call")
@@ -36,6 +39,7 @@ class EvalCase:
     messages: tuple[dict, ...]  # the prompt
     tools: tuple[dict, ...] | None
     expected: str | dict  # the exact answer text, or the call {"name": ..., "arguments": {...}}
+    shape: str | None = None  # the framework schema shape of the tools listed (schemas.PRESETS)
 
 
 def parse_tool_calls(text: str) -> list[dict] | None:
@@ -65,26 +69,38 @@ def make_cases(per_family: int, seed: int = 1234) -> list[EvalCase]:
 
 
 def _sample_case(rng: random.Random, family: str) -> EvalCase:
-    task, tool_names = family, None
-    if family in CALL_FAMILIES:
-        task = family.removesuffix("_call")
-        tool_names = rng.choice([s for s in corpus.TOOL_SETS if tasks.TOOL_FOR_TASK[task] in s])
-    elif family == "tool_answer":
-        task = rng.choice(tasks.TOOL_TASKS)
-        tool_names = rng.choice([s for s in corpus.TOOL_SETS if tasks.TOOL_FOR_TASK[task] in s])
+    """Tool families list their tools in one framework's exact shape, with the names frameworks give."""
+    task, shape, toolbox = family, None, None
+    if family in CALL_FAMILIES or family == "tool_answer":
+        task = family.removesuffix("_call") if family in CALL_FAMILIES else rng.choice(tasks.TOOL_TASKS)
+        other = [k for k in schemas.KINDS if k != task] if rng.random() < 0.5 else []
+        shape, toolbox = _framework_toolbox(rng, [task, *other], rng.choice((0, 0, 1, 2)))
     elif family == "no_tool":
-        task, tool_names = rng.choice(tasks.TOOL_TASKS), ()
-    conversation = corpus.sample_conversation(rng, splits.EVAL, task, tool_names=tool_names)
-    return _cut(family, conversation.messages, conversation.tools)
+        task = rng.choice(tasks.TOOL_TASKS)
+        roll = rng.random()
+        if roll < 1 / 3:
+            toolbox = schemas.Toolbox()
+        else:  # only tools that do not fit: the other family's tool, or tools that fit neither
+            other = [k for k in schemas.KINDS if k != task] if roll < 2 / 3 else []
+            shape, toolbox = _framework_toolbox(rng, other, rng.choice((0, 1)) if other else rng.choice((1, 2)))
+    conversation = corpus.sample_conversation(rng, splits.EVAL, task, toolbox=toolbox)
+    return _cut(family, conversation.messages, conversation.tools, shape)
 
 
-def _cut(family: str, messages: Sequence[dict], tools) -> EvalCase:
+def _framework_toolbox(rng: random.Random, kinds: list[str], num_distractors: int) -> tuple[str, schemas.Toolbox]:
+    shape = rng.choice(list(schemas.PRESETS))
+    chosen = {kind: schemas.preset_tool(shape, kind) for kind in kinds}
+    return shape, schemas.sample_toolbox(rng, kinds, num_distractors, schemas.PRESETS[shape], chosen)
+
+
+def _cut(family: str, messages: Sequence[dict], tools, shape: str | None = None) -> EvalCase:
     """The prompt ends before the message under test: the call for call families, else the last answer."""
     if family in CALL_FAMILIES:
         messages = messages[:-2]  # drop the tool result and the final answer
         call = messages[-1]["tool_calls"][0]["function"]
-        return EvalCase(family, tuple(messages[:-1]), tools, {"name": call["name"], "arguments": call["arguments"]})
-    return EvalCase(family, tuple(messages[:-1]), tools, messages[-1]["content"])
+        expected = {"name": call["name"], "arguments": call["arguments"]}
+        return EvalCase(family, tuple(messages[:-1]), tools, expected, shape)
+    return EvalCase(family, tuple(messages[:-1]), tools, messages[-1]["content"], shape)
 
 
 def issue_examples() -> dict[str, list[EvalCase]]:
@@ -181,16 +197,21 @@ def evaluate(backend, cases: Sequence[EvalCase], max_tokens: int = MAX_TOKENS) -
     started = time.perf_counter()
     texts = backend.generate(cases, max_tokens)
     results = {f: {"n": 0, "correct": 0, "failures": []} for f in FAMILIES}
+    shapes = {s: {"n": 0, "correct": 0} for s in schemas.PRESETS}  # the tool families' cases by schema shape
     for case, text in zip(cases, texts):
         entry = results[case.family]
         entry["n"] += 1
-        if is_correct(case, text):
-            entry["correct"] += 1
-        elif len(entry["failures"]) < 5:
-            entry["failures"].append({"prompt": case.messages[-1].get("content"), "expected": case.expected, "got": text})
-    for entry in results.values():
+        right = is_correct(case, text)
+        entry["correct"] += right
+        if case.shape:
+            shapes[case.shape]["n"] += 1
+            shapes[case.shape]["correct"] += right
+        if not right and len(entry["failures"]) < 5:
+            entry["failures"].append({"prompt": case.messages[-1].get("content"), "shape": case.shape,
+                                      "expected": case.expected, "got": text})
+    for entry in (*results.values(), *shapes.values()):
         entry["accuracy"] = entry["correct"] / entry["n"] if entry["n"] else None
-    return {"families": results, "seconds": round(time.perf_counter() - started, 1), "num_cases": len(cases)}
+    return {"families": results, "shapes": shapes, "seconds": round(time.perf_counter() - started, 1), "num_cases": len(cases)}
 
 
 def format_table(report: dict) -> str:
@@ -198,6 +219,9 @@ def format_table(report: dict) -> str:
     for family, entry in report["families"].items():
         if entry["n"]:
             lines.append(f"| {family} | {entry['accuracy']:.1%} | {entry['correct']} / {entry['n']} |")
+    shapes = [f"{s} {e['correct']}/{e['n']}" for s, e in report.get("shapes", {}).items() if e["n"]]
+    if shapes:
+        lines.append(f"\ntool families by schema shape: {', '.join(shapes)}")
     return "\n".join(lines)
 
 

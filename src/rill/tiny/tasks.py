@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rill.tiny import splits
+from rill.tiny import schemas, splits
 
 ARITHMETIC = ("add", "sub")
 WORD_TASKS = ("reverse", "uppercase", "count")
@@ -161,9 +160,9 @@ def tool_call_message(name: str, arguments: dict) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
-def make_exchange(rng: random.Random, task: str, split: str, tool_names: Sequence[str]) -> Exchange:
+def make_exchange(rng: random.Random, task: str, split: str, toolbox: schemas.Toolbox) -> Exchange:
     maker = _MAKERS[task]
-    return maker(rng, split, tool_names)
+    return maker(rng, split, toolbox)
 
 
 def _ask(rng: random.Random, template: str, **values) -> str:
@@ -182,7 +181,7 @@ def _qa(task: str, question: str, answer: str, key: tuple | None = None) -> Exch
 
 
 def _arithmetic(task: str):
-    def make(rng: random.Random, split: str, tool_names) -> Exchange:
+    def make(rng: random.Random, split: str, toolbox) -> Exchange:
         a, b = splits.sample_pair(rng, split, ordered=task == "sub")
         sign = "+" if task == "add" else "-"
         question = _ask(rng, rng.choice(PHRASINGS[task]), a=a, b=b)
@@ -191,55 +190,58 @@ def _arithmetic(task: str):
     return make
 
 
-def _reverse(rng: random.Random, split: str, tool_names) -> Exchange:
+def _reverse(rng: random.Random, split: str, toolbox) -> Exchange:
     word = splits.sample_word(rng, split)
     return _qa("reverse", _ask(rng, rng.choice(PHRASINGS["reverse"]), w=word), reverse_answer(word), ("word", word))
 
 
-def _uppercase(rng: random.Random, split: str, tool_names) -> Exchange:
+def _uppercase(rng: random.Random, split: str, toolbox) -> Exchange:
     words = [splits.sample_word(rng, split) for _ in range(rng.choice((1, 1, 2, 2, 3)))]
     phrase = " ".join(words)
     question = _ask(rng, rng.choice(PHRASINGS["uppercase"]), w=phrase)
     return _qa("uppercase", question, phrase.upper(), ("words", *words))
 
 
-def _count(rng: random.Random, split: str, tool_names) -> Exchange:
+def _count(rng: random.Random, split: str, toolbox) -> Exchange:
     word = splits.sample_word(rng, split)
     question = _ask(rng, rng.choice(PHRASINGS["count"]), w=word)
     return _qa("count", question, count_answer(word), ("word", word))
 
 
-def _about(rng: random.Random, split: str, tool_names) -> Exchange:
+def _about(rng: random.Random, split: str, toolbox) -> Exchange:
     questions, answer = rng.choice(ABOUT)
     return _qa("about", _ask(rng, rng.choice(questions)), answer)
 
 
-def _weather(rng: random.Random, split: str, tool_names) -> Exchange:
+def _weather(rng: random.Random, split: str, toolbox: schemas.Toolbox) -> Exchange:
     city = splits.sample_city(rng, split)
     question = _ask(rng, rng.choice(PHRASINGS["weather"]), c=city)
-    if "get_weather" not in tool_names:
+    fit = toolbox.call_for("weather")
+    if fit is None:
         return _qa("weather", question, NO_WEATHER_TOOL, ("city", city))
     temperature_c, condition = rng.randint(-15, 40), rng.choice(CONDITIONS)
-    result = {"temperature_c": temperature_c, "condition": condition}
+    result = schemas.weather_result(rng, city, temperature_c, condition)
     answer = weather_answer(city, temperature_c, condition)
-    return _tool_chain("weather", question, "get_weather", {"city": city}, result, answer, ("city", city))
+    return _tool_chain("weather", question, fit[0], {fit[1]: city}, result, answer, ("city", city))
 
 
-def _time(rng: random.Random, split: str, tool_names) -> Exchange:
+def _time(rng: random.Random, split: str, toolbox: schemas.Toolbox) -> Exchange:
     zone = splits.sample_zone(rng, split)
     question = _ask(rng, rng.choice(PHRASINGS["time"]), z=zone)
-    if "get_time" not in tool_names:
+    fit = toolbox.call_for("time")
+    if fit is None:
         return _qa("time", question, NO_TIME_TOOL, ("zone", zone))
     time = f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"
     answer = time_answer(zone, time)
-    return _tool_chain("time", question, "get_time", {"timezone": zone}, {"time": time, "timezone": zone}, answer, ("zone", zone))
+    return _tool_chain("time", question, fit[0], {fit[1]: zone}, schemas.time_result(rng, zone, time), answer, ("zone", zone))
 
 
-def _tool_chain(task, question, name, arguments, result, answer, key) -> Exchange:
+def _tool_chain(task, question, name, arguments, result: str, answer, key) -> Exchange:
+    """Question, call, the tool's result (a string in one of the forms clients send), answer."""
     messages = (
         {"role": "user", "content": question},
         tool_call_message(name, arguments),
-        {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
+        {"role": "tool", "content": result},
         {"role": "assistant", "content": answer},
     )
     return Exchange(task, messages, key)
@@ -262,4 +264,4 @@ def fixed_texts() -> list[str]:
     texts = [*SYSTEM_PROMPTS, NO_WEATHER_TOOL, NO_TIME_TOOL, *CONDITIONS, json.dumps(list(TOOLS.values()))]
     texts += [p for group in PHRASINGS.values() for p in group]
     texts += [q for questions, answer in ABOUT for q in (*questions, answer)]
-    return texts
+    return texts + schemas.fixed_texts()

@@ -15,16 +15,22 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from rill.tiny.template import CHAT_TEMPLATE
+from rill.tiny.template import CHAT_TEMPLATE, TOOLS_HEADER
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>")
+# The template's fixed preamble before the tools list is one token too (it is 145 letters and marks
+# otherwise): the tools list then starts right after the system prompt.
+PROMPT_TOKENS = (TOOLS_HEADER,)
 # The fixed JSON around tool schemas, calls and results, one token each (ordinary added tokens, as
-# the tool markers): a schema costs a handful of tokens instead of ~100, so a prompt with both tools
-# listed keeps the tool names inside the sliding window, and a call is name, keys and values only.
+# the tool markers): a schema costs a handful of tokens instead of ~100, so a prompt listing several
+# tools keeps the tool names inside the sliding window, and a call is name, keys and values only.
+# Added tokens match leftmost-longest: the long fragments cover the shapes frameworks emit (hand
+# order; pydantic's sorted keys with titles; the Agents SDK's strict tail; Jinja's fully sorted
+# tojson), and the short key tokens after them cover any other order.
 JSON_TOKENS = (
     '{"type": "function", "function": {"name": "', '", "description": "',
     '", "parameters": {"type": "object", "properties": {"', '": {"type": "string"}', '}, "required": ["', '"]}}}',
@@ -32,6 +38,14 @@ JSON_TOKENS = (
     '"], "type": "object"}}, "type": "function"}',
     '{"name": "', '", "arguments": {"', '": "', '"}}',
     '{"temperature_c": ', ', "condition": "', '"}', '{"time": "', '", "timezone": "',
+    # pydantic order, titles, descriptions, enums, no required, the Agents SDK's strict tail
+    '": {"title": "', '", "type": "string"}', '": {"description": "', '", "title": "', '": {"type": "string", "description": "',
+    '": {"default": "', '", "enum": ["', '": {"type": "string", "enum": ["', '", "',
+    '"], "type": "object"}}}', '}, "type": "object"}}}', '"], "title": "',
+    '", "type": "object", "additionalProperties": false}, "strict": true}}', '"], "additionalProperties": false}, "strict": true}}',
+    '", "description": null, "parameters": {', ', "strict": true', '"additionalProperties": false',
+    ': str) -> str\\n', 'Correctly extracted `', '` with all the required parameters with correct types',
+    '"type": "string"', '"type": "object"', '"properties": {"', '"required": ["', '"title": "', '"description": "', '"enum": ["',
 )
 DEFAULT_VOCAB_SIZE = 512
 # Every layer attends over a sliding window, so positions past the 1024-token training rows stay
@@ -55,7 +69,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) 
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     # Tool markers are ordinary added tokens (kept when decoding with skip_special_tokens), as in Qwen.
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*TOOL_TOKENS, *JSON_TOKENS)])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*TOOL_TOKENS, *PROMPT_TOKENS, *JSON_TOKENS)])
     return tokenizer
 
 
