@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+import torch
 import trio
 
 from helpers_models import make_model_dir
@@ -213,3 +214,97 @@ async def test_continuous_usage_stats_on_every_chunk(model_dir):
     chunks = [f.json for f in frames[1:-1]]
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == 8
+
+
+# -- issue 29: nulls the spec allows, message.refusal, model retrieval, echo with logprobs -------------------
+
+
+async def test_sdk_none_arguments_arrive_as_null_and_take_the_defaults(model_dir):
+    async with running_server(model_dir) as server:
+        client = openai.AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+        chat = await client.chat.completions.create(model=str(model_dir), messages=HI, n=None, stream=None,
+                                                    logprobs=None, temperature=0, max_tokens=4)
+        text = await client.completions.create(model=str(model_dir), prompt="Hi", n=None, stream=None, echo=None,
+                                               temperature=0, max_tokens=4)
+        await client.close()
+    assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
+    assert len(text.choices) == 1 and not text.choices[0].text.startswith("Hi")
+
+
+async def test_chat_message_and_logprobs_carry_refusal_null(model_dir):
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        body = (await client.post("/v1/chat/completions", json=chat_body(model_dir, logprobs=True))).json()
+    choice = body["choices"][0]
+    assert "refusal" in choice["message"] and choice["message"]["refusal"] is None
+    assert choice["logprobs"]["refusal"] is None and len(choice["logprobs"]["content"]) == 8
+
+
+async def test_sdk_models_retrieve_returns_the_listed_card_and_404_model_not_found(model_dir):
+    names = ["rill-test", "org/rill-test"]
+    async with running_server(model_dir, ServerConfig(served_model_names=names)) as server:
+        client = openai.AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+        listed = (await client.models.list()).data
+        retrieved = [await client.models.retrieve(name) for name in names]
+        with pytest.raises(openai.NotFoundError) as info:
+            await client.models.retrieve("no-such-model")
+        await client.close()
+    assert retrieved == listed and [m.id for m in retrieved] == names
+    assert info.value.body == {"message": info.value.body["message"], "type": "invalid_request_error",
+                               "param": "model", "code": "model_not_found"}
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """[len(ids), V]: row t is log p(. | ids[:t]); row 0 unused."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.cat([torch.zeros_like(logits[:1]), logits[:-1].log_softmax(-1)])
+
+
+async def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(model_dir, hf_model):
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        ids = server.engine.tokenizer.encode("The quick brown fox jumps over the lazy dog")
+        body = {"model": str(model_dir), "prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 1,
+                "temperature": 0}
+        choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+    lp, expected = choice["logprobs"], hf_logprobs(hf_model, ids)
+    assert len(lp["tokens"]) == len(ids) + 1  # the prompt's tokens, then the one generated
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:len(ids)] == pytest.approx([expected[t, ids[t]].item() for t in range(1, len(ids))],
+                                                            abs=1e-4)
+    assert all(len(top) <= 2 for top in lp["top_logprobs"][1:])
+    assert choice["text"] == "".join(lp["tokens"]) and lp["text_offset"][:3] == [0, len(lp["tokens"][0]),
+                                                                                 len(lp["tokens"][0] + lp["tokens"][1])]
+
+
+async def test_echo_with_max_tokens_0_returns_the_scored_prompt_alone(model_dir):
+    body = {"model": str(model_dir), "prompt": "Hello world", "echo": True, "logprobs": 0, "max_tokens": 0}
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        answer = (await client.post("/v1/completions", json=body)).json()
+        frames = await post_sse(client, "/v1/completions", {**body, "stream": True})
+        refused = await client.post("/v1/completions", json={**body, "echo": False})
+        ids = server.engine.tokenizer.encode("Hello world")
+    choice = answer["choices"][0]
+    assert choice["text"] == "Hello world" and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == len(ids) and answer["usage"]["completion_tokens"] == 0
+    streamed = [f.json["choices"][0] for f in frames[:-1]]
+    assert "".join(c["text"] for c in streamed) == "Hello world"
+    assert [t for c in streamed if c["logprobs"] for t in c["logprobs"]["token_logprobs"]] == \
+        choice["logprobs"]["token_logprobs"]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
+async def test_echo_with_logprobs_after_a_cached_prefix_still_scores_it(model_dir):
+    prompt = "A prompt long enough to fill a few KV blocks of the cache, " * 4
+    body = {"model": str(model_dir), "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1,
+            "temperature": 0}
+    async with running_server(model_dir, block_size=16) as server, httpx.AsyncClient(base_url=server.url) as client:
+        first = (await client.post("/v1/completions", json=body)).json()
+        second = (await client.post("/v1/completions", json=body)).json()
+    assert first["choices"][0]["logprobs"] == second["choices"][0]["logprobs"]

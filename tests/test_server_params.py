@@ -75,3 +75,20 @@ def test_sse_frames_are_exact_bytes():
     frame = error_frame(ApiError(500, "boom", code="engine_error"))
     assert frame == (b'event: error\ndata: {"error":{"message":"boom","type":"server_error","param":null,'
                      b'"code":"engine_error"}}\n\n')
+
+
+def test_explicit_nulls_the_spec_allows_take_the_defaults():
+    # The openai SDK sends null for an argument passed as None (issue 29).
+    req = chat(n=None, stream=None, logprobs=None)
+    params = chat_sampling_params(req, {})
+    assert (params.n, params.logprobs, bool(req.stream)) == (1, None, False)
+    req = completion(n=None, stream=None, echo=None)
+    params = completion_sampling_params(req, {})
+    assert (params.n, params.prompt_logprobs, bool(req.stream), bool(req.echo)) == (1, None, False, False)
+
+
+def test_echo_with_logprobs_asks_the_engine_for_prompt_logprobs():
+    assert completion_sampling_params(completion(echo=True, logprobs=3), {}).prompt_logprobs == 3
+    assert completion_sampling_params(completion(logprobs=3), {}).prompt_logprobs is None
+    # max_tokens 0 with echo: the engine samples one token, which the answer leaves out.
+    assert completion_sampling_params(completion(echo=True, logprobs=0, max_tokens=0), {}).max_tokens == 1

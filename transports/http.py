@@ -3,7 +3,7 @@
     POST /v1/chat/completions, /v1/completions   JSON in; JSON, or SSE when "stream": true
          the same with an NDJSON body            streaming input, Mode A (transports/streaming_input.py)
     /v1/streaming_input/sessions/...             streaming input, Mode B (the same module)
-    GET  /v1/models, /health, /metrics
+    GET  /v1/models, /v1/models/{model}, /health, /metrics
     POST /tokenize, /detokenize
 
 `create_app(engine=...)` serves an engine its caller runs (`rill serve` does, from its root
@@ -32,7 +32,7 @@ from rill.openai.chat import complete_chat, message_dict, prepare_chat, stream_c
 from rill.openai.completions import complete, prepare_completion, stream_completion
 from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
-from rill.openai.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from rill.openai.responses import DetokenizeResponse, ModelList, TokenizeResponse
 from rill.openai.serving import Serving, ServingOptions, api_error, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.sessions import SessionManager, StreamingInputConfig
@@ -247,10 +247,15 @@ async def _mode_a(api_name: str) -> Response:
 
 @api.get("/v1/models")
 async def models() -> Response:
-    serving = _state().serving
-    root = serving.engine.core.config.model
-    cards = [ModelCard(name, serving.created, serving.max_model_len, root=root) for name in serving.model_names]
-    return _json(ModelList(cards))
+    return _json(ModelList(_state().serving.model_cards()))
+
+
+@api.get("/v1/models/<path:model>")  # path: a served name may be a directory, slashes and all
+async def model(model: str) -> Response:
+    try:
+        return _json(_state().serving.model_card(model))
+    except ApiError as exc:
+        return _error(exc)
 
 
 @api.get("/health")

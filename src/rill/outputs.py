@@ -27,6 +27,9 @@ class RequestDelta(msgspec.Struct, frozen=True):
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    # SamplingParams.prompt_logprobs: one entry per prompt token (the first is None: nothing comes
+    # before it), on the delta that carries the first sampled token.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -64,6 +67,7 @@ def _merge(first: RequestDelta, then: RequestDelta) -> RequestDelta:
         logprobs = [*(first.logprobs or ()), *(then.logprobs or ())]
     return msgspec.structs.replace(
         then, token_ids=first.token_ids + then.token_ids, text=first.text + then.text, logprobs=logprobs,
+        prompt_logprobs=first.prompt_logprobs or then.prompt_logprobs,
     )
 
 

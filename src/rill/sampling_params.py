@@ -54,6 +54,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     min_tokens: int = 0
     max_tokens: int | None = 16  # None: until the model's length limit
     logprobs: int | None = None  # k >= 0: the sampled token's logprob plus the top k
+    # k >= 0: each prompt token's logprob given the tokens before it, plus the top k (vLLM's field;
+    # /v1/completions' echo with logprobs). A request that asks for them takes no prefix-cache hit.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -85,8 +88,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                     f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})",
                     param="min_tokens",
                 )
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), lo=0, hi=MAX_LOGPROBS)
 
     @property
     def greedy(self) -> bool:

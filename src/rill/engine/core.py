@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import torch
 
 from rill.config import EngineConfig
 from rill.engine.block_manager import BlockManager
 from rill.engine.model_runner import ModelRunner
+from rill.engine.prompt_logprobs import prompt_spans
 from rill.engine.sampler import SampledToken, Sampler, make_generator
 from rill.engine.scheduler import ScheduledBatch, Scheduler
 from rill.engine.sequence import FinishReason, Sequence, Status
@@ -41,6 +43,7 @@ class EngineCore:
         self.requests: dict[str, list[Sequence]] = {}
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
+        self._owed_prompt_logprobs: set[Sequence] = set()  # sequences still scoring their prompt
         self.stats = EngineStats()
 
     # -- admission ----------------------------------------------------------------------------
@@ -128,6 +131,8 @@ class EngineCore:
         max_tokens = self.check_fits(len(prompt_token_ids), params.max_tokens)
         for seq in self._new_sequences(request_id, list(prompt_token_ids), params, max_tokens):
             self.scheduler.add(seq)
+            if seq.prompt_logprobs is not None:
+                self._owed_prompt_logprobs.add(seq)
         self.stats.num_prompt_tokens += len(prompt_token_ids) * params.n
 
     # -- streaming-input sessions (anchor requests) ----------------------------------------------
@@ -140,6 +145,9 @@ class EngineCore:
         start_after_tokens tokens (None: only at end of input); until then it costs nothing."""
         if params.n != 1:
             raise ValidationError("streaming input supports n=1 only", param="n")
+        if params.prompt_logprobs is not None:
+            raise ValidationError("prompt logprobs need the whole prompt: streamed input does not support them",
+                                  param="prompt_logprobs", code="unsupported")
         (seq,) = self._new_sequences(
             request_id, list(prompt_token_ids), params, params.max_tokens or self.max_model_len,
             input_open=True, respond_per_chunk=respond_per_chunk, start_after_tokens=start_after_tokens,
@@ -202,6 +210,7 @@ class EngineCore:
         if seqs is None:
             return False
         for seq in seqs:
+            self._owed_prompt_logprobs.discard(seq)
             if not seq.is_finished:
                 self.scheduler.remove(seq)
                 seq.finish_reason = FinishReason.ABORT
@@ -222,13 +231,38 @@ class EngineCore:
         if batch.is_empty:
             return pending
         sampling = batch.sampling
-        sampled = self.runner.execute(batch, sampling)
+        if self._owed_prompt_logprobs:
+            sampled, scored = self._execute_scoring_prompts(batch, sampling)
+        else:
+            sampled, scored = self.runner.execute(batch, sampling), None
         self._advance(batch)
         now = time.monotonic()  # one clock read for the step's tokens
         on_token = self._on_token
         deltas = [on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
+        if scored:
+            deltas = self._with_prompt_logprobs(sampling, deltas, scored)
         self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
         return pending + deltas
+
+    def _execute_scoring_prompts(self, batch: ScheduledBatch, sampling: list[Sequence]):
+        """Run the step scoring the prompt tokens it computes for sequences that asked; return the
+        sampled tokens and the sequences whose prompt is now fully scored and that sample now
+        (their first token's delta carries the prompt logprobs)."""
+        spans = prompt_spans(batch, self._owed_prompt_logprobs)
+        sampled, logprobs = self.runner.execute_scoring_prompts(batch, sampling, spans)
+        for span, values in zip(spans, logprobs):
+            span.seq.prompt_logprobs.extend(values)
+        done = {seq for seq in sampling if seq in self._owed_prompt_logprobs and not seq.num_prompt_logprobs_owed}
+        self._owed_prompt_logprobs -= done
+        return sampled, done
+
+    def _with_prompt_logprobs(self, sampling: list[Sequence], deltas: list[RequestDelta], done: set[Sequence],
+                              ) -> list[RequestDelta]:
+        for i, seq in enumerate(sampling):
+            if seq in done:
+                deltas[i] = msgspec.structs.replace(deltas[i], prompt_logprobs=seq.prompt_logprobs)
+                seq.prompt_logprobs = None  # handed out: a recompute after preemption scores nothing again
+        return deltas
 
     def _advance(self, batch: ScheduledBatch) -> None:
         # Per sequence per step: BlockManager.on_computed's two checks inline, so that the call

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from rill.engine.prompt_logprobs import MAX_ROWS_PER_PASS, PromptSpan, token_logprobs
 from rill.engine.sampler import SampledToken, Sampler
 from rill.engine.scheduler import ScheduledBatch
 from rill.engine.sequence import Sequence
 from rill.models.attention import AttentionMetadata
 from rill.models.llama import CausalLM
+from rill.outputs import TokenLogprob
 
 
 class ModelRunner:
@@ -59,6 +61,27 @@ class ModelRunner:
         """Run one step; return a sampled token for each sequence in `sampling` (a subset of batch)."""
         ids, pos, meta, starts = self._prepare(batch)
         hidden = self.model(ids, pos, self.kv_caches, meta)
+        return self._sample(hidden, starts, batch, sampling)
+
+    @torch.inference_mode()
+    def execute_scoring_prompts(self, batch: ScheduledBatch, sampling: list[Sequence], spans: list[PromptSpan],
+                                ) -> tuple[list[SampledToken], list[list[TokenLogprob]]]:
+        """`execute`, plus the logprobs of each span's prompt tokens (prompt_logprobs.prompt_spans).
+        A separate entry point, so that steps without such requests pay nothing for it."""
+        ids, pos, meta, starts = self._prepare(batch)
+        hidden = self.model(ids, pos, self.kv_caches, meta)
+        scored = [self._score(hidden[span.rows], span.target_ids, span.seq.params.prompt_logprobs) for span in spans]
+        return self._sample(hidden, starts, batch, sampling), scored
+
+    def _score(self, hidden: torch.Tensor, target_ids: list[int], num_top: int) -> list[TokenLogprob]:
+        out = []
+        for i in range(0, len(target_ids), MAX_ROWS_PER_PASS):
+            logits = self.model.compute_logits(hidden[i : i + MAX_ROWS_PER_PASS])[:, : self.sampler.vocab_size]
+            out += token_logprobs(logits, target_ids[i : i + MAX_ROWS_PER_PASS], num_top)
+        return out
+
+    def _sample(self, hidden: torch.Tensor, starts: list[int], batch: ScheduledBatch, sampling: list[Sequence],
+                ) -> list[SampledToken]:
         if not sampling:
             return []
         index = {id(seq): starts[i + 1] - 1 for i, seq in enumerate(batch.seqs)}

@@ -169,7 +169,8 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hit = bm.match_prefix(seq)
+            # A prompt still to be scored (prompt logprobs) is computed whole: cached blocks would skip it.
+            hit = 0 if seq.prompt_logprobs is not None else bm.match_prefix(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = hit
             if self.window is not None:
                 bm.free_outside_window(seq, self.window)  # a long cached prefix keeps only its window

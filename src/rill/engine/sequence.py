@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from rill.outputs import TokenLogprob
     from rill.sampling_params import SamplingParams
     from rill.tokenizer.detokenizer import Detokenizer
 
@@ -55,6 +56,9 @@ class Sequence:
         self.block_hashes: list[int] = []  # prefix-cache chain hash of each full block, filled lazily
         self.block_size = block_size
         self.params = params
+        # SamplingParams.prompt_logprobs: filled as prefill chunks compute them (the first prompt
+        # token has none); handed out with the first sampled token, then None.
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None if params.prompt_logprobs is None else [None]
         self.max_tokens = max_tokens  # output budget: params.max_tokens capped by the model length
         self.detokenizer = detokenizer
         self.generator = generator
@@ -89,6 +93,11 @@ class Sequence:
     @property
     def prompt_token_ids(self) -> list[int]:
         return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def num_prompt_logprobs_owed(self) -> int:
+        """Prompt tokens whose logprobs are still to compute (0 when none were asked for)."""
+        return 0 if self.prompt_logprobs is None else self.num_prompt_tokens - len(self.prompt_logprobs)
 
     @property
     def num_pending_tokens(self) -> int:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from rill.errors import ValidationError
 from rill.openai import sse
 from rill.openai.errors import ApiError, bad_request
-from rill.openai.logprobs import completion_logprobs
-from rill.openai.params import completion_sampling_params
+from rill.openai.logprobs import completion_logprobs, echo_logprobs
+from rill.openai.params import completion_sampling_params, echo_only
 from rill.openai.requests import CompletionRequest
 from rill.openai.responses import Completion, CompletionChoice, CompletionLogprobs, usage
 from rill.openai.serving import RequestTrace, Serving, api_error, decode_body, finish_reason, sampling_error
@@ -67,9 +67,8 @@ def check_completion(serving: Serving, req: CompletionRequest) -> tuple[str, Sam
 def _check_supported(req: CompletionRequest) -> None:
     if req.suffix is not None:
         raise bad_request("suffix is not supported", "suffix", "unsupported")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo with logprobs needs prompt logprobs, which rill does not compute", "echo",
-                          "unsupported")
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens 0 asks for no output; it needs echo set to true", "max_tokens")
 
 
 def prompt_token_ids(serving: Serving, prompt) -> list[list[int]]:
@@ -103,24 +102,41 @@ def _prompt_text(serving: Serving, prompt, i: int, ids: list[int]) -> str:
 
 
 class ChoiceText:
-    """One choice's text so far: echo first, logprob columns with their offsets."""
+    """One choice's text so far: echo first, logprob columns with their offsets.
+
+    With echo and logprobs, the prompt's columns (its prompt logprobs) come first. With echo and
+    max_tokens 0 the engine still samples one token (SamplingParams needs one), which is left out.
+    """
 
     def __init__(self, serving: Serving, job: CompletionJob, index: int, prompt_index: int):
         self.serving, self.job, self.index = serving, job, index
         self.pending = job.prompt_texts[prompt_index] if job.prompt_texts else ""
+        self.prompt_ids = job.prompts[prompt_index]
+        self.echo_only = echo_only(job.request)
         self.num_chars = 0
         self.num_output_tokens = 0
 
     def on_delta(self, delta: RequestDelta) -> CompletionChoice:
-        text, self.pending = self.pending + delta.text, ""
+        text, self.pending = self.pending + ("" if self.echo_only else delta.text), ""
         logprobs = None
         if delta.logprobs is not None:
-            num_top = self.job.request.logprobs or 0
-            logprobs = completion_logprobs(self.serving.tokenizer, delta.logprobs, num_top, self.num_chars)
+            logprobs = self._logprobs(delta)
             self.num_chars += sum(map(len, logprobs.tokens))
-        self.num_output_tokens = delta.num_output_tokens
+        self.num_output_tokens = 0 if self.echo_only else delta.num_output_tokens
         reason = finish_reason(delta)
+        if self.echo_only:
+            return CompletionChoice(self.index, text, logprobs, reason and "length")  # nothing generated
         return CompletionChoice(self.index, text, logprobs, reason, delta.stop_reason if reason else None)
+
+    def _logprobs(self, delta: RequestDelta) -> CompletionLogprobs:
+        tokenizer, num_top = self.serving.tokenizer, self.job.request.logprobs or 0
+        out = CompletionLogprobs()
+        if delta.prompt_logprobs is not None:
+            out = echo_logprobs(tokenizer, self.prompt_ids, delta.prompt_logprobs, num_top)
+        if not self.echo_only:
+            offset = self.num_chars + sum(map(len, out.tokens))
+            _extend(out, completion_logprobs(tokenizer, delta.logprobs, num_top, offset))
+        return out
 
 
 def _choices(serving: Serving, job: CompletionJob) -> dict[tuple[int, int], ChoiceText]:
@@ -175,5 +191,9 @@ def _merge(into: CompletionChoice, part: CompletionChoice) -> None:
     into.text += part.text
     into.finish_reason, into.stop_reason = part.finish_reason, part.stop_reason
     if part.logprobs is not None:
-        for name in ("tokens", "token_logprobs", "text_offset", "top_logprobs"):
-            getattr(into.logprobs, name).extend(getattr(part.logprobs, name))
+        _extend(into.logprobs, part.logprobs)
+
+
+def _extend(into: CompletionLogprobs, more: CompletionLogprobs) -> None:
+    for name in ("tokens", "token_logprobs", "text_offset", "top_logprobs"):
+        getattr(into, name).extend(getattr(more, name))

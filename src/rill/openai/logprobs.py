@@ -34,10 +34,31 @@ def completion_logprobs(tokenizer, logprobs: Iterable[TokenLogprob], num_top: in
     """Columns for these tokens; offsets count from `text_offset` (the choice's text so far)."""
     out = CompletionLogprobs()
     for lp in logprobs:
-        text = token_text(tokenizer, lp.token_id)
-        out.tokens.append(text)
-        out.token_logprobs.append(lp.logprob)
-        out.text_offset.append(text_offset)
-        out.top_logprobs.append({token_text(tokenizer, t): v for t, v in (lp.top or [])[:num_top]} or None)
-        text_offset += len(text)
+        text_offset = _add_column(out, tokenizer, lp.token_id, lp, num_top, text_offset)
     return out
+
+
+def echo_logprobs(tokenizer, prompt_ids: list[int], prompt_logprobs: list[TokenLogprob | None],
+                  num_top: int) -> CompletionLogprobs:
+    """Columns for an echoed prompt. Its first token has nothing before it, so its logprob and top
+    logprobs are null, as OpenAI and vLLM send them."""
+    out = CompletionLogprobs()
+    text_offset = 0
+    for token_id, lp in zip(prompt_ids, prompt_logprobs):
+        text_offset = _add_column(out, tokenizer, token_id, lp, num_top, text_offset)
+    return out
+
+
+def _add_column(out: CompletionLogprobs, tokenizer, token_id: int, lp: TokenLogprob | None, num_top: int,
+                text_offset: int) -> int:
+    """Append one token's column; return the offset after its text."""
+    text = token_text(tokenizer, token_id)
+    out.tokens.append(text)
+    out.text_offset.append(text_offset)
+    if lp is None:
+        out.token_logprobs.append(None)
+        out.top_logprobs.append(None)
+    else:
+        out.token_logprobs.append(lp.logprob)
+        out.top_logprobs.append({token_text(tokenizer, t): v for t, v in (lp.top or [])[:num_top]} or None)
+    return text_offset + len(text)

@@ -13,7 +13,7 @@ from rill.sampling_params import SamplingParams
 _OPTIONAL = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
              "logit_bias", "seed")
 # Always passed (their request defaults are SamplingParams' own).
-_ALWAYS = ("n", "ignore_eos", "min_tokens", "skip_special_tokens", "include_stop_str_in_output")
+_ALWAYS = ("ignore_eos", "min_tokens", "skip_special_tokens", "include_stop_str_in_output")
 # OpenAI's default for /v1/completions; chat defaults to the room left in the context.
 COMPLETION_MAX_TOKENS = 16
 
@@ -21,6 +21,7 @@ COMPLETION_MAX_TOKENS = 16
 def _common(req: SamplingFields) -> dict[str, Any]:
     fields = {name: getattr(req, name) for name in _OPTIONAL if getattr(req, name) is not None}
     fields.update({name: getattr(req, name) for name in _ALWAYS})
+    fields["n"] = 1 if req.n is None else req.n
     if req.top_k is not None:
         fields["top_k"] = None if req.top_k == -1 else req.top_k  # vLLM clients send -1 for "off"
     if req.stop is not None:
@@ -52,5 +53,15 @@ def completion_sampling_params(req: CompletionRequest, gen_cfg: dict) -> Samplin
     fields = _common(req)
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
-    fields = _with_max_tokens(fields, req.max_tokens, gen_cfg, COMPLETION_MAX_TOKENS)
+        if req.echo:  # the echoed prompt's tokens come with their logprobs too
+            fields["prompt_logprobs"] = req.logprobs
+    max_tokens = req.max_tokens
+    if echo_only(req):
+        max_tokens = 1  # the engine samples one token, which the answer leaves out (as vLLM does)
+    fields = _with_max_tokens(fields, max_tokens, gen_cfg, COMPLETION_MAX_TOKENS)
     return SamplingParams.from_generation_config(gen_cfg, **fields)
+
+
+def echo_only(req: CompletionRequest) -> bool:
+    """max_tokens 0 with echo: the answer is the prompt (with its logprobs), nothing generated."""
+    return bool(req.echo) and req.max_tokens == 0

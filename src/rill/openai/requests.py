@@ -79,7 +79,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    n: int = 1
+    n: int | None = None  # None (also an explicit null, as the openai SDK sends for n=None): 1
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
@@ -87,8 +87,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    echo: bool = False
-    stream: bool = False
+    # OpenAI's spec allows null for these (the openai SDK sends it for a None argument): null is the default.
+    echo: bool | None = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False
@@ -100,7 +101,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: list[Message]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None

@@ -51,6 +51,7 @@ class ChatLogprob(msgspec.Struct):
 
 class ChatLogprobs(msgspec.Struct):
     content: list[ChatLogprob]
+    refusal: list[ChatLogprob] | None = None  # the spec requires the key; rill's models never refuse
 
 
 class CompletionLogprobs(msgspec.Struct):
@@ -77,6 +78,10 @@ class ToolCallOut(msgspec.Struct):
 class ChatMessage(msgspec.Struct, omit_defaults=True):
     role: str
     content: str | None
+    # Written even as null: OpenAI's spec requires the key (clients generated from it reject a
+    # message without it), and omit_defaults never omits a field whose default comes from a factory
+    # other than list/dict/set.
+    refusal: str | None = msgspec.field(default_factory=lambda: None)
     reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] = []
 

@@ -12,6 +12,7 @@ import msgspec
 
 from rill.errors import ValidationError
 from rill.openai.errors import ApiError, bad_request, from_decode_error, from_exception
+from rill.openai.responses import ModelCard
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
 
@@ -75,6 +76,15 @@ class Serving:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_names}",
                            param="model", code="model_not_found")
         return name
+
+    def model_cards(self) -> list[ModelCard]:
+        """GET /v1/models: one card per served name, each rooted at the model the engine loaded."""
+        root = self.engine.core.config.model
+        return [ModelCard(name, self.created, self.max_model_len, root=root) for name in self.model_names]
+
+    def model_card(self, name: str) -> ModelCard:
+        """GET /v1/models/{model}: the card as the list shows it; 404 model_not_found otherwise."""
+        return self.model_cards()[self.model_names.index(self.check_model(name))]
 
     def check_ready(self) -> None:
         """503 when the engine is dead, 429 when too many requests wait for their first token."""

@@ -120,6 +120,9 @@ class CompletionApi:
                 ) -> tuple[CompletionJob, PromptParts]:
         model, params = check_completion(serving, req)
         check_one_choice(params.n)
+        if params.prompt_logprobs is not None:
+            raise bad_request("echo with logprobs scores the whole prompt: streamed input does not support it",
+                              "logprobs", "unsupported")
         job = CompletionJob(req, trace, model, [[]], [], params, int(time.time()))
         if isinstance(req.prompt, list):
             ids = prompt_token_ids(serving, req.prompt)[0] if req.prompt else []
