@@ -17,11 +17,12 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import msgspec
 import trio
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, current_app, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -33,10 +34,11 @@ from rill.openai.completions import complete, prepare_completion, stream_complet
 from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
 from rill.openai.responses import DetokenizeResponse, ModelList, TokenizeResponse
-from rill.openai.serving import Serving, ServingOptions, api_error, decode_body
+from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.sessions import SessionManager, StreamingInputConfig
 from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
+from rill.transports import ws_pings
 from rill.transports.keepalive import keep_alive_safe
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
@@ -117,6 +119,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     """The app. With `engine`, serve it; otherwise open one from `config` (default: RILL_MODEL or rill-tiny)."""
     app = QuartTrio("rill")
     app.asgi_app = keep_alive_safe(app.asgi_app)  # hypercorn's trio worker: see rill.transports.keepalive
+    ws_pings.install()  # hypercorn's ping tasks end with their WebSocket
     state = AppState(server or ServerConfig.from_env())
     # Streams last as long as generation does: no response timeout.
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None)
@@ -168,6 +171,23 @@ async def _http_error(exc: HTTPException) -> Response:
     return _error(from_status(exc.code or 500, exc.description))
 
 
+# -- one log line per request ----------------------------------------------------------------------------------
+
+@api.before_app_request
+async def _start_clock() -> None:
+    g.rill_start_s = time.monotonic()
+
+
+@api.after_app_request
+async def _log_request(response: Response) -> Response:
+    """One line for each request that made no trace (generation logs a fuller one when it ends):
+    other routes, unknown paths, 401s, 405s, bodies refused before parsing."""
+    if current_trace.get() is None:
+        total_ms = (time.monotonic() - g.rill_start_s) * 1e3
+        log.info("%s %s status=%d total_ms=%.1f", request.method, request.path, response.status_code, total_ms)
+    return response
+
+
 # -- auth ------------------------------------------------------------------------------------------------------
 
 
@@ -179,7 +199,6 @@ async def _authenticate() -> Response | None:
     given = request.headers.get("Authorization", "")
     if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
         return None
-    log.info("%s %s status=401 (missing or wrong API key)", request.method, request.path)
     return _error(ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key"))
 

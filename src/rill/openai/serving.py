@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import msgspec
@@ -49,6 +50,11 @@ class RequestTrace:
         if self.first_token_s is None and delta.token_ids:
             self.first_token_s = time.monotonic()
         self.num_generated_tokens += len(delta.token_ids)
+
+
+# The trace of the request the current task serves, so that the transport's catch-all log line
+# (for routes that make none) is not written a second time for one that does.
+current_trace: ContextVar[RequestTrace | None] = ContextVar("rill_current_trace", default=None)
 
 
 class Serving:
@@ -108,7 +114,9 @@ class Serving:
     # -- running ---------------------------------------------------------------------------------------
 
     def new_trace(self, endpoint: str, prefix: str) -> RequestTrace:
-        return RequestTrace(f"{prefix}-{self.engine.new_request_id()}", endpoint)
+        trace = RequestTrace(f"{prefix}-{self.engine.new_request_id()}", endpoint)
+        current_trace.set(trace)
+        return trace
 
     async def run(self, trace: RequestTrace, prompts: list[list[int]], params: SamplingParams,
                   ) -> AsyncIterator[tuple[int, RequestDelta]]:
