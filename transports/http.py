@@ -321,6 +321,14 @@ async def detokenize() -> Response:
     try:
         req = decode_body(await request.get_data(), DetokenizeRequest)
         serving.check_model(req.model)
+        _check_token_ids(req.tokens, serving.vocab_size)
     except Exception as exc:  # noqa: BLE001
         return _error(_as_api_error(exc))
     return _json(DetokenizeResponse(serving.tokenizer.decode(req.tokens, skip_special_tokens=False)))
+
+
+def _check_token_ids(ids: list[int], vocab_size: int) -> None:
+    for i, token_id in enumerate(ids):
+        if not 0 <= token_id < vocab_size:
+            raise ApiError(400, f"token id {token_id} is outside the vocabulary (0 to {vocab_size - 1})",
+                           param=f"tokens[{i}]", code="invalid_value")

@@ -203,7 +203,7 @@ class Conversation:
 def _tool_call(item: Item) -> dict:
     try:
         arguments = json.loads(item.arguments or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         arguments = item.arguments
     return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
 

@@ -174,6 +174,8 @@ def decode_client_event(data: str) -> ClientEvent:
         envelope = msgspec.json.decode(data, type=_Envelope)
     except msgspec.MsgspecError as exc:
         raise _decode_error(exc) from exc
+    except RecursionError as exc:  # msgspec's depth guard
+        raise RealtimeError("invalid_json", "the event is nested too deeply to decode") from exc
     try:
         return msgspec.json.decode(data, type=_event_class(envelope.type))
     except (msgspec.MsgspecError, RealtimeError) as exc:

@@ -210,26 +210,31 @@ class AsyncEngine:
 
     def run_worker(self) -> None:
         try:
-            while self._apply_inbox():
+            while (num_applied := self._apply_inbox()) is not None:
                 if self.core.has_work or self.core._pending:
                     deltas = self.core.step()
                     self._post(deltas, self.core.snapshot())
                 else:
+                    if num_applied:  # an abort or a parked session changed the state: /metrics shows it now
+                        self._post([], self.core.snapshot(), steps=0)
                     self._wake.wait()
                     self._wake.clear()
         except BaseException as exc:  # the engine must never leave a caller hanging
             log.exception("engine worker died")
             self._token.run_sync_soon(self._fail_all, exc)
 
-    def _apply_inbox(self) -> bool:
+    def _apply_inbox(self) -> int | None:
+        """Apply every message waiting; how many, or None at Shutdown."""
+        num_applied = 0
         while True:
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
-                return True
+                return num_applied
             if isinstance(msg, Shutdown):
-                return False
+                return None
             self._apply(msg)
+            num_applied += 1
 
     def _apply(self, msg) -> None:
         core = self.core

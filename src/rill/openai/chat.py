@@ -176,7 +176,7 @@ def _arguments(arguments: str | dict) -> str | dict:
         return arguments
     try:
         parsed = json.loads(arguments)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return arguments
     return parsed if isinstance(parsed, dict) else arguments
 

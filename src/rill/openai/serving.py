@@ -103,6 +103,10 @@ class Serving:
 
     def check_params(self, params: SamplingParams) -> None:
         params.check_vocab(self.vocab_size)
+        max_n = self.engine.core.config.max_num_seqs  # one request's choices run as one batch at most
+        if params.n > max_n:
+            raise ValidationError(f"n is {params.n}; this server runs at most {max_n} sequences at once "
+                                  "(--max-num-seqs)", "n", "invalid_value")
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str) -> None:
         try:
@@ -170,6 +174,8 @@ def decode_body(body: bytes, kind: type):
         return msgspec.json.decode(body, type=kind)
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from exc
+    except RecursionError as exc:  # msgspec's depth guard
+        raise bad_request("the request body is nested too deeply to decode", code="invalid_json") from exc
 
 
 def sampling_error(exc: ValidationError, renames: dict[str, str]) -> ApiError:

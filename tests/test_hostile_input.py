@@ -1,0 +1,117 @@
+"""Input a careless or hostile client sends: each gets a 4xx in OpenAI's shape (or a realtime
+`error` event), never a 5xx, and the server goes on answering. Also: /metrics is current when an
+idle engine's only request is aborted."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+import trio
+import trio_websocket
+
+from helpers_models import make_model_dir
+from helpers_server import one_torch_thread, running_server, wait_for  # noqa: F401
+from rill.transports.http import ServerConfig
+from rill.transports.realtime_driver import RealtimeConfig
+
+HI = [{"role": "user", "content": "hi"}]
+DEEP = 5000
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("qwen2"), "qwen2")
+
+
+def assert_error(response: httpx.Response, status: int, param=None, code=None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param and (code is None or error["code"] == code)
+    return error
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def test_json_nested_past_the_decoder_depth_is_400_on_every_route(model_dir):
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
+                     "/v1/streaming_input/sessions"):
+            body = f'{{"x": {nested(DEEP)}}}'
+            error = assert_error(await client.post(path, content=body, headers={"content-type": "application/json"}),
+                                 400, code="invalid_json")
+            assert "nested too deeply" in error["message"]
+        assert (await client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1})).status_code == 200
+
+
+async def test_deep_tool_call_arguments_are_kept_as_text_not_a_500(model_dir):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": nested(DEEP)}}
+    messages = [*HI, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        response = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+        assert response.status_code in (200, 400), response.text
+
+
+async def test_detokenize_ids_outside_the_vocabulary_are_400_naming_the_first(model_dir):
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        vocab = server.serving.vocab_size
+        assert_error(await client.post("/detokenize", json={"tokens": [1, 10**12, -4]}), 400, "tokens[1]")
+        assert_error(await client.post("/detokenize", json={"tokens": [-4]}), 400, "tokens[0]")
+        assert_error(await client.post("/detokenize", json={"tokens": [vocab]}), 400, "tokens[0]")
+        assert (await client.post("/detokenize", json={"tokens": [0, vocab - 1]})).status_code == 200
+
+
+async def test_n_is_capped_by_max_num_seqs_at_the_limit_and_past_it(model_dir):
+    async with running_server(model_dir, max_num_seqs=4) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        at = await client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1, "n": 4})
+        assert at.status_code == 200 and len(at.json()["choices"]) == 4
+        error = assert_error(await client.post("/v1/chat/completions", json={"messages": HI, "n": 5}), 400, "n")
+        assert "--max-num-seqs" in error["message"]
+        assert_error(await client.post("/v1/completions", json={"prompt": "hi", "n": 100000}), 400, "n")
+
+
+async def test_realtime_event_nested_past_the_decoder_depth_is_an_error_event(model_dir):
+    server_config = ServerConfig(realtime=RealtimeConfig(ws_port=0, ping_interval_s=None))
+    async with running_server(model_dir, server_config) as server:
+        for url in (server.url.replace("http", "ws") + "/v1/realtime", server.ws_url + "/v1/realtime"):
+            async with trio_websocket.open_websocket_url(url) as ws:
+                assert json.loads(await ws.get_message())["type"] == "session.created"
+                await ws.send_message(f'{{"type": "session.update", "session": {nested(DEEP)}}}')
+                error = json.loads(await ws.get_message())
+                assert error["type"] == "error" and error["error"]["code"] == "invalid_json"
+                await ws.send_message(json.dumps({"type": "session.update", "session": {}}))
+                assert json.loads(await ws.get_message())["type"] == "session.updated"  # still serving
+
+
+def gauge(metrics_text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", metrics_text, re.MULTILINE)
+    assert match, f"{name} is not in /metrics"
+    return float(match[1])
+
+
+async def test_metrics_gauges_are_current_after_an_abort_on_an_idle_engine(model_dir):
+    body = {"messages": HI, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = response.aiter_lines()
+            while '"content"' not in await anext(lines):
+                pass
+        await wait_for(lambda: server.all_kv_free and not server.engine.core.requests, seconds=5)
+
+        async def settled() -> bool:
+            text = (await client.get("/metrics")).text
+            return (gauge(text, "rill_num_requests_running") == 0
+                    and gauge(text, "rill_kv_cache_free_blocks") == gauge(text, "rill_kv_cache_blocks"))
+
+        for _ in range(100):  # no other request makes the engine step meanwhile
+            if await settled():
+                break
+            await trio.sleep(0.05)
+        assert await settled()
