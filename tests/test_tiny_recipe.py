@@ -124,10 +124,11 @@ def test_framework_presets_reproduce_what_the_frameworks_send(shape):
         "openai_agents": FRAMEWORK_WEATHER["openai_agents"], "llama_index": FRAMEWORK_WEATHER["llama_index"],
         "instructor": FRAMEWORK_WEATHER["instructor"],
     }
-    name, param, doc = schemas.preset_tool(shape, "weather")
-    tool, _, _ = schemas.tool_for(random.Random(0), "weather", schemas.PRESETS[shape], (name, param, doc))
+    want["enum_unit"] = FRAMEWORK_WEATHER["enum_unit"]
+    tool = evaluate.framework_tool(shape, "weather")
     if shape in want:
         assert json.dumps(tool) == json.dumps(want[shape])
+    name, param, _ = schemas.preset_tool(shape, "weather")
     assert tool["function"]["name"] == name and param in tool["function"]["parameters"]["properties"]
 
 
@@ -144,7 +145,20 @@ FRAMEWORK_WEATHER = {
     "llama_index": _framework_tool(_TITLED, "get_weather(city: str) -> str\nGet the current weather in a city."),
     "instructor": _framework_tool(_TITLED, "Correctly extracted `GetWeather` with all the required parameters with correct types",
                                   name="GetWeather"),
+    # langchain's convert_to_openai_tool(get_current_weather(location: str, unit: Literal["celsius", "fahrenheit"] = "celsius"))
+    "enum_unit": _framework_tool(
+        {"properties": {"location": {"type": "string"}, "unit": {"default": "celsius", "enum": ["celsius", "fahrenheit"], "type": "string"}},
+         "required": ["location"], "type": "object"},
+        "Get the current weather in a given location.", name="get_current_weather"),
 }
+
+
+def test_a_prompt_listing_both_framework_tools_stays_short(tokenizer):
+    """The window is 640 tokens: the tools list has to leave room for earlier turns."""
+    for shape in schemas.PRESETS:
+        tools = [evaluate.framework_tool(shape, "weather"), evaluate.framework_tool(shape, "time")]
+        prompt = render([{"role": "user", "content": "What's the weather in Tokyo?"}], tools, add_generation_prompt=True)
+        assert len(tokenizer.encode(prompt).ids) < 300, shape
 
 
 @pytest.mark.parametrize("form,want", [

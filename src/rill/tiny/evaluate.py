@@ -109,9 +109,16 @@ def issue_examples() -> dict[str, list[EvalCase]]:
     result = {"role": "tool", "content": '{"temperature_c": 21, "condition": "sunny"}'}
     time_q = [{"role": "user", "content": "What time is it in Europe/Paris?"}, tasks.tool_call_message("get_time", {"timezone": "Europe/Paris"})]
     time_result = {"role": "tool", "content": '{"time": "09:30", "timezone": "Europe/Paris"}'}
+    compact = {"role": "tool", "content": '{"temperature_c":2,"condition":"snowy"}'}  # JSON.stringify, as the JS SDK sends
 
-    def ask(family, question, answer, tools=None):
-        return EvalCase(family, ({"role": "user", "content": question},), tools, answer)
+    def ask(family, question, answer, tools=None, shape=None):
+        return EvalCase(family, ({"role": "user", "content": question},), tools, answer, shape)
+
+    def framework(shape, *kinds):
+        return tuple(framework_tool(shape, kind) for kind in kinds)
+
+    def call(family, question, shape, tools, name, arguments):
+        return ask(family, question, {"name": name, "arguments": arguments}, tools, shape)
 
     return {
         "add": [ask("add", "What is 347 + 58?", tasks.arithmetic_answer(347, 58, "+"))],
@@ -119,15 +126,38 @@ def issue_examples() -> dict[str, list[EvalCase]]:
         "reverse": [ask("reverse", "Reverse the word: stream", tasks.reverse_answer("stream"))],
         "uppercase": [ask("uppercase", "Uppercase: hello world", "HELLO WORLD")],
         "count": [ask("count", 'How many letters are in "banana"?', tasks.count_answer("banana"))],
-        "weather_call": [_cut("weather_call", weather + [result, {}], both)],
-        "time_call": [_cut("time_call", time_q + [time_result, {}], both)],
+        "weather_call": [
+            _cut("weather_call", weather + [result, {}], both),
+            call("weather_call", "What's the weather in Tokyo?", "langchain", framework("langchain", "weather", "time"),
+                 "get_weather", {"city": "Tokyo"}),
+            call("weather_call", "What's the weather in Tokyo?", "instructor", framework("instructor", "weather"),
+                 "GetWeather", {"city": "Tokyo"}),
+        ],
+        "time_call": [
+            _cut("time_call", time_q + [time_result, {}], both),
+            call("time_call", "What time is it in Europe/Paris?", "openai_agents", framework("openai_agents", "weather", "time"),
+                 "get_time", {"timezone": "Europe/Paris"}),
+        ],
         "tool_answer": [
             EvalCase("tool_answer", (*weather, result), both, tasks.weather_answer("Tokyo", 21, "sunny")),
             EvalCase("tool_answer", (*time_q, time_result), both, tasks.time_answer("Europe/Paris", "09:30")),
+            EvalCase("tool_answer", (*weather, compact), both, tasks.weather_answer("Tokyo", 2, "snowy")),
         ],
-        "no_tool": [ask("no_tool", "What's the weather in Tokyo?", tasks.NO_WEATHER_TOOL)],
+        "no_tool": [
+            ask("no_tool", "What's the weather in Tokyo?", tasks.NO_WEATHER_TOOL),
+            ask("no_tool", "What's the weather in Tokyo?", tasks.NO_WEATHER_TOOL,
+                (schemas.function_tool("search_web", ("query",), "Search the web for a query.", schemas.PRESETS["langchain"]),),
+                "langchain"),
+        ],
         "about": [ask("about", "What is rill?", tasks.ABOUT[0][1]), ask("about", "Which endpoints does rill have?", tasks.ABOUT[1][1])],
     }
+
+
+def framework_tool(shape: str, kind: str) -> dict:
+    """get_weather / get_time exactly as the framework `shape` sends them (schemas.PRESETS)."""
+    name, param, doc = schemas.preset_tool(shape, kind)
+    return schemas.function_tool(name, (param,), doc, schemas.PRESETS[shape],
+                                 enum=schemas.EXTRA_ENUMS[kind] if schemas.PRESETS[shape].enum else None)
 
 
 # -- backends ------------------------------------------------------------------------------------
