@@ -7,7 +7,9 @@ import random
 import pytest
 
 from rill.openai.reasoning_parser import ReasoningStreamer, split_reasoning
-from rill.openai.tool_parser import ParsedCall, ToolCallStreamer, parse_tool_calls
+from rill.openai.tool_parser import (
+    ParsedCall, ToolCallEvent, ToolCallStreamer, coalesce, is_json_object, parse_tool_calls,
+)
 
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo", "unit": "c"}}\n</tool_call>'
 TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -108,6 +110,29 @@ def test_call_without_name_first_is_sent_whole_at_its_end():
     text = '<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>'
     content, calls, _ = stream(text, [10, 30])
     assert content == "" and calls == {0: ["f", '{"x": 1}']}
+
+
+def test_coalesce_sends_a_calls_start_with_the_arguments_that_came_with_it():
+    """OpenAI and vLLM put at most one entry per call index in a chunk (LlamaIndex reads only the first)."""
+    events = [ToolCallEvent(0, "f", ""), ToolCallEvent(0, arguments='{"a"'), ToolCallEvent(0, arguments=": 1}"),
+              ToolCallEvent(1, "g"), ToolCallEvent(1, arguments="{}")]
+    assert coalesce(events) == [ToolCallEvent(0, "f", '{"a": 1}'), ToolCallEvent(1, "g", "{}")]
+    fragments = [ToolCallEvent(0, arguments="x"), ToolCallEvent(0, arguments="y")]
+    assert coalesce(fragments) == [ToolCallEvent(0, arguments="xy")]
+
+
+def test_a_whole_call_in_one_feed_streams_as_one_event_per_call():
+    streamer = ToolCallStreamer()
+    content, events = streamer.feed(WEATHER + TIME)
+    assert content.strip() == ""
+    assert coalesce(events) == [ToolCallEvent(0, "get_weather", '{"city": "Tokyo", "unit": "c"}'),
+                                ToolCallEvent(1, "get_time", "{}")]
+
+
+@pytest.mark.parametrize("text, ok", [('{"city": "Paris"}', True), ("{}", True), ('{"city": "Pa', False),
+                                      ('"Paris"', False), ("[1]", False), ("0+1=1", False), ("", False)])
+def test_only_a_json_object_counts_as_arguments(text, ok):
+    assert is_json_object(text) is ok
 
 
 # -- reasoning -------------------------------------------------------------------------------------------

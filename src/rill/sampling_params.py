@@ -59,6 +59,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Text the output must begin with: the sampler lets through only tokens that agree with it until it
+    # is spelled out, in whatever tokens the model picks (a forced tool-call start: rill.openai.forced_prefix).
+    # Not a request field; it needs a plain ByteLevel tokenizer (Sampler ignores it otherwise).
+    output_prefix: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, lo=1)

@@ -22,6 +22,7 @@ from rill.models.loader import load
 from rill.outputs import RequestDelta, TokenLogprob
 from rill.sampling_params import SamplingParams
 from rill.tokenizer import Detokenizer, Tokenizer
+from rill.tokenizer.piece_index import piece_index
 
 
 class EngineCore:
@@ -38,7 +39,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.window)
         eos = set(cfg.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.eos_token_ids = frozenset(eos)
-        sampler = Sampler(self.eos_token_ids, cfg.vocab_size)
+        sampler = Sampler(self.eos_token_ids, cfg.vocab_size, piece_index(self.tokenizer))
         self.runner = ModelRunner(model, num_blocks, config.block_size, sampler)
         self.requests: dict[str, list[Sequence]] = {}
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started

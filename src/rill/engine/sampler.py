@@ -20,6 +20,7 @@ import msgspec
 import torch
 
 from rill.sampling_params import SamplingParams
+from rill.tokenizer.piece_index import PieceIndex
 
 # exponential_ may return exactly 0; its log would be -inf and turn a banned
 # token's -inf score into nan, which argmax prefers.
@@ -58,9 +59,11 @@ def make_generator(seed: int | None, device: torch.device | str | None = None) -
 class Sampler:
     """Batched sampling for the engine; one instance per model."""
 
-    def __init__(self, eos_token_ids: Collection[int], vocab_size: int):
+    def __init__(self, eos_token_ids: Collection[int], vocab_size: int, pieces: PieceIndex | None = None):
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
+        self.pieces = pieces  # each token's bytes, for output_prefix (None: it is not enforced)
+        self._allowed: dict[bytes, list[int]] = {}  # output_prefix remainder -> the ids that agree with it
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """logits: [S, >= vocab_size], any float dtype, one row per entry of rows."""
@@ -79,6 +82,7 @@ class Sampler:
         self._apply_min_tokens(scores, rows)
         _apply_repetition_penalty(scores, rows)
         _apply_presence_frequency_penalties(scores, rows)
+        self._apply_output_prefix(scores, rows)
         return scores
 
     def _apply_min_tokens(self, scores: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -95,6 +99,34 @@ class Sampler:
         if row_ids:
             scores[_index(row_ids, scores), _index(token_ids, scores)] = float("-inf")
 
+    def _apply_output_prefix(self, scores: torch.Tensor, rows: list[SamplingRow]) -> None:
+        """Rows whose output has not yet spelled its output_prefix keep only the tokens that agree with
+        the rest of it; every other score becomes -inf."""
+        if self.pieces is None:
+            return
+        for i, row in enumerate(rows):
+            rest = self._prefix_rest(row)
+            if rest:
+                allowed = _index(self._allowed_ids(rest), scores)
+                kept = scores[i, allowed]
+                scores[i] = float("-inf")
+                scores[i, allowed] = kept
+
+    def _prefix_rest(self, row: SamplingRow) -> bytes:
+        """The bytes of output_prefix the row's output has yet to write (b"": none, or no prefix)."""
+        if row.params.output_prefix is None:
+            return b""
+        prefix = row.params.output_prefix.encode("utf-8")
+        written = self.pieces.spelled(row.output_token_ids, len(prefix))
+        return prefix[len(written):]
+
+    def _allowed_ids(self, rest: bytes) -> list[int]:
+        if rest not in self._allowed:
+            if len(self._allowed) >= 4096:  # one entry per tool name and step: a bound, not an LRU
+                self._allowed.clear()
+            self._allowed[rest] = [t for t in self.pieces.consistent_ids(rest) if t < self.vocab_size]
+        return self._allowed[rest]
+
 
 def _is_plain_greedy(row: SamplingRow) -> bool:
     """True when the row's token is the raw argmax and it wants nothing else back."""
@@ -103,6 +135,7 @@ def _is_plain_greedy(row: SamplingRow) -> bool:
         params.greedy
         and params.logprobs is None
         and params.logit_bias is None
+        and params.output_prefix is None
         and params.repetition_penalty == 1.0
         and not params.presence_penalty
         and not params.frequency_penalty

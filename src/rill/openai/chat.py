@@ -17,6 +17,7 @@ from typing import Any
 from rill.errors import ValidationError
 from rill.openai import sse
 from rill.openai.errors import ApiError, bad_request
+from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
 from rill.openai.logprobs import chat_logprobs
 from rill.openai.params import chat_sampling_params
 from rill.openai.reasoning_parser import ReasoningStreamer
@@ -26,7 +27,7 @@ from rill.openai.responses import (
     FunctionCallDelta, FunctionCallOut, ToolCallDelta, ToolCallOut, usage,
 )
 from rill.openai.serving import RequestTrace, Serving, api_error, decode_body, finish_reason, sampling_error
-from rill.openai.tool_parser import TOOL_CALL_START, ToolCallEvent, ToolCallStreamer, new_call_id
+from rill.openai.tool_parser import ToolCallEvent, ToolCallStreamer, coalesce, is_json_object, new_call_id
 from rill.outputs import RequestDelta, TokenLogprob
 from rill.sampling_params import SamplingParams
 
@@ -43,10 +44,16 @@ class ChatJob:
     prompt_ids: list[int]
     params: SamplingParams
     parse_tools: bool
-    tool_prefix: str  # the start of a call, written after the generation prompt when tool_choice forces one
+    forced: ForcedPrefix | None  # the start of a call when tool_choice forces one
     echo: str
     created: int
     tools: list[dict] | None = None  # as the chat template sees them
+
+    @property
+    def tool_prefix(self) -> str:
+        """The part of a forced call's start written after the generation prompt (the rest is
+        params.output_prefix: the model writes it, in its own tokens)."""
+        return self.forced.prompt_text if self.forced else ""
 
     @property
     def include_usage(self) -> bool:
@@ -72,10 +79,12 @@ def chat_job(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) 
     rill.openai.streaming); its prompt_ids are the caller's to fill."""
     model = serving.check_model(req.model)
     _check_supported(req)
-    tools, tool_prefix = _tool_setup(serving, req)
+    tools, forced = _tool_setup(serving, req)
     params = _sampling_params(serving, req)
+    if forced is not None and forced.output_text:
+        params.output_prefix = forced.output_text
     parse_tools = tools is not None and serving.options.tool_call_parser is not None
-    return ChatJob(req, trace, model, [], params, parse_tools, tool_prefix, _echo(req), int(time.time()), tools)
+    return ChatJob(req, trace, model, [], params, parse_tools, forced, _echo(req), int(time.time()), tools)
 
 
 def render_prompt(serving: Serving, job: ChatJob, messages: list[dict[str, Any]]) -> str:
@@ -109,26 +118,25 @@ def _sampling_params(serving: Serving, req: ChatCompletionRequest) -> SamplingPa
     return params
 
 
-def _tool_setup(serving: Serving, req: ChatCompletionRequest) -> tuple[list[dict] | None, str]:
-    """The tools the template shows, and the prefix that forces a call (tool_choice required/named)."""
+def _tool_setup(serving: Serving, req: ChatCompletionRequest) -> tuple[list[dict] | None, ForcedPrefix | None]:
+    """The tools the template shows, and the start that forces a call (tool_choice required/named),
+    cut on a token boundary (rill.openai.forced_prefix)."""
     choice = req.tool_choice
     forced = choice == "required" or isinstance(choice, NamedToolChoice)
     if forced and not req.tools:
         raise bad_request("tool_choice asks for a tool call but the request has no tools", "tool_choice")
     if not req.tools or choice == "none":
-        return None, ""
+        return None, None
     tools = tool_dicts(req.tools)
     if not forced:
-        return tools, ""
+        return tools, None
     if serving.options.tool_call_parser is None:
         raise bad_request("tool_choice required or named needs a tool-call parser (--tool-call-parser)",
                           "tool_choice", "unsupported")
-    if choice == "required":
-        return tools, TOOL_CALL_START + '\n{"name": "'
-    name = choice.function.name
-    if name not in {t.function.name for t in req.tools}:
+    name = None if choice == "required" else choice.function.name
+    if name is not None and name not in {t.function.name for t in req.tools}:
         raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
-    return tools, TOOL_CALL_START + "\n" + json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
+    return tools, split_forced_prefix(serving.tokenizer, call_start(name))
 
 
 def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
@@ -199,31 +207,39 @@ class ChoiceStream:
         self.job = job
         self.tokenizer = serving.tokenizer
         parser = serving.options.reasoning_parser
-        self.reasoning = ReasoningStreamer(parser) if parser and not job.tool_prefix else None
+        self.reasoning = ReasoningStreamer(parser) if parser and job.forced is None else None
         self.tools = ToolCallStreamer(None if job.request.parallel_tool_calls else 1) if job.parse_tools else None
         self.call_ids: dict[int, str] = {}
+        self.call_arguments: dict[int, str] = {}  # each call's arguments as sent so far
+        self.answer = ""  # the text after any reasoning, as written (a call's raw text included)
         self.pending = job.echo + job.tool_prefix  # text fed with the first delta
         self.num_output_tokens = 0
         self._logprobs: list[TokenLogprob] = []  # not yet sent: they ride with the next text
 
     @property
     def called_tools(self) -> bool:
-        return bool(self.call_ids)
+        """True when the output held calls and every call's arguments parse as a JSON object (read at
+        the end: a call whose arguments do not parse makes the answer plain text, see `_choice`)."""
+        return bool(self.call_ids) and all(map(is_json_object, self.call_arguments.values()))
 
     def on_delta(self, delta: RequestDelta) -> ChatDelta:
         text, self.pending = self.pending + delta.text, ""
         self.num_output_tokens = delta.num_output_tokens
         self._logprobs.extend(delta.logprobs or [])
         reasoning, answer = self.reasoning.feed(text) if self.reasoning else ("", text)
+        self.answer += answer
         content, events = self.tools.feed(answer) if self.tools else (answer, [])
         if delta.finished:
             reasoning, content, events = self._flush(reasoning, content, events)
+        # One entry per call in a chunk, as OpenAI and vLLM send: a call's start carries the
+        # arguments that came with it (clients such as LlamaIndex read only the first entry).
         return ChatDelta(content=content or None, reasoning_content=reasoning or None,
-                         tool_calls=[self._tool_delta(e) for e in events] or None)
+                         tool_calls=[self._tool_delta(e) for e in coalesce(events)] or None)
 
     def _flush(self, reasoning: str, content: str, events: list[ToolCallEvent]):
         if self.reasoning:
             more_reasoning, answer = self.reasoning.finish()
+            self.answer += answer
             reasoning += more_reasoning
             more_content, more_events = self.tools.feed(answer) if self.tools else (answer, [])
             content, events = content + more_content, events + more_events
@@ -233,6 +249,7 @@ class ChoiceStream:
         return reasoning, content, events
 
     def _tool_delta(self, event: ToolCallEvent) -> ToolCallDelta:
+        self.call_arguments[event.index] = self.call_arguments.get(event.index, "") + event.arguments
         if event.name is None:
             return ToolCallDelta(event.index, function=FunctionCallDelta(arguments=event.arguments))
         call_id = self.call_ids[event.index] = new_call_id()
@@ -331,6 +348,8 @@ def _choice(choice: ChoiceStream, parts: list[ChatDelta], end: RequestDelta) -> 
             if d.id is not None:
                 calls[d.index] = ToolCallOut(d.id, FunctionCallOut(d.function.name, ""))
             calls[d.index].function.arguments += d.function.arguments or ""
+    if calls and not choice.called_tools:  # arguments that are not a JSON object: the raw text, as vLLM does
+        calls, content = {}, choice.answer
     if calls:
         content = content.strip()
     message = ChatMessage("assistant", content or (None if calls else ""), reasoning_content=reasoning,

@@ -40,6 +40,27 @@ def new_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
+def is_json_object(text: str) -> bool:
+    """True when a call's arguments text parses as a JSON object (what OpenAI's `arguments` holds)."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def coalesce(events: list[ToolCallEvent]) -> list[ToolCallEvent]:
+    """The same events with at most one per call: fragments join the event before them when it is
+    of the same call, so a call's start carries the arguments that arrived with it."""
+    out: list[ToolCallEvent] = []
+    for event in events:
+        if out and out[-1].index == event.index and event.name is None:
+            last = out[-1]
+            out[-1] = ToolCallEvent(last.index, last.name, last.arguments + event.arguments)
+        else:
+            out.append(event)
+    return out
+
+
 def _parse_call(body: str) -> ParsedCall | None:
     try:
         obj = json.loads(body)
