@@ -61,6 +61,7 @@ async def running_server(model_dir, server: ServerConfig | None = None, **engine
     hyper.graceful_timeout = 1.0
     async with open_engine(config) as engine:
         app = create_app(engine=engine, server=server or ServerConfig())
+        hyper.websocket_ping_interval = app.extensions["rill"].server.realtime.ping_interval_s  # as rill serve
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(serve, app, hyper)
             ws_url = None

@@ -417,16 +417,17 @@ async def test_client_pings_get_pongs(model_dir, listener):
             await client.ws.ping(b"are you there")
 
 
-async def test_raw_listener_drops_a_peer_that_never_answers_pings(model_dir):
+async def test_both_listeners_drop_a_peer_that_never_answers_pings(model_dir, listener):
     """Fault injection: a hand-rolled client that completes the handshake and then never reads."""
     from wsproto import ConnectionType, WSConnection
     from wsproto.events import AcceptConnection, Request
 
     async with serve(model_dir, ping_interval_s=0.2) as server:
-        host, port = server.ws_url.removeprefix("ws://").split(":")
+        host, port = url_of(server, listener).removeprefix("ws://").split("/")[0].split(":")
         stream = await trio.open_tcp_stream(host, int(port))
         deaf = WSConnection(ConnectionType.CLIENT)
-        await stream.send_all(deaf.send(Request(host=host, target="/")))
+        target = "/v1/realtime" if listener == "http" else "/"
+        await stream.send_all(deaf.send(Request(host=host, target=target)))
         with trio.fail_after(5):
             while not any(isinstance(e, AcceptConnection) for e in deaf.events()):
                 deaf.receive_data(await stream.receive_some())

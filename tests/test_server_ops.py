@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from functools import partial
 
 import httpx
@@ -165,6 +166,67 @@ async def test_sigterm_after_a_closed_realtime_session_stops_at_once(model_dir, 
             process.send_signal(signal.SIGTERM)
             with trio.fail_after(30):  # the grace and the ping interval are 60 s
                 code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert code == 0, stderr_path.read_text()
+
+
+class InjectedFault(RuntimeError):
+    """Fault injection: raised by the model runner on purpose, to kill the engine mid-stream."""
+
+
+async def test_serve_exits_1_when_the_engine_dies_after_erroring_the_stream_in_flight(model_dir, monkeypatch):
+    """A supervisor must see the death: serve() returns exit status 1 (rill serve exits with it)."""
+    from rill.engine.model_runner import ModelRunner
+    from rill.server import serve as rill_serve
+
+    real_execute, fail = ModelRunner.execute, threading.Event()
+
+    def execute_with_injected_fault(self, *args, **kwargs):
+        if fail.is_set():
+            raise InjectedFault("injected fault in the model runner")
+        return real_execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "execute", execute_with_injected_fault)
+    config = EngineConfig(model=str(model_dir), num_kv_blocks=64)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            status = []
+
+            async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                status.append(await rill_serve(config, ServerConfig(), "127.0.0.1", 0, 30.0,
+                                               shutdown_trigger=trio.sleep_forever, task_status=task_status))
+
+            binds = await nursery.start(run_server)
+            body = {"messages": HI, "max_tokens": 400, "ignore_eos": True, "stream": True}
+            raw = ""
+            async with httpx.AsyncClient(base_url=binds[0]) as client:
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    async for text in response.aiter_text():
+                        raw += text
+                        if '"content"' in raw:
+                            fail.set()
+    assert parse_sse(raw)[-1].event == "error"
+    assert status == [1]
+
+
+async def test_sigint_with_an_idle_keep_alive_connection_stops_at_once(model_dir, tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "rill", "serve", str(model_dir), "--port", "0", "--num-kv-blocks", "64",
+               "--shutdown-grace-s", "60"]
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "wb") as stderr:
+        process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL,
+                                                   cwd=tmp_path, env=env)
+        try:
+            url = await _bound_url(stderr_path, process)
+            async with httpx.AsyncClient(base_url=url) as client:  # its connection stays open, idle
+                await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+                process.send_signal(signal.SIGINT)
+                with trio.fail_after(30):  # the grace is 60 s
+                    code = await process.wait()
         finally:
             if process.returncode is None:
                 process.kill()

@@ -1,12 +1,15 @@
-"""hypercorn's WebSocket ping loop, made to end when its connection does.
+"""hypercorn's WebSocket keepalive, made to end with its connection and to close a dead peer.
 
 hypercorn 0.18 pings every `websocket_ping_interval` seconds from a task in the connection's task
-group (`WSStream._send_pings`): `while not self.closed: ping; sleep(interval)`. After a clean
-close the task still sleeps out the rest of its interval, and a graceful shutdown waits for it:
-SIGTERM after a realtime session that had closed waited up to the whole interval (20 s by
-default) with nothing in flight. Here the loop waits on an event that the stream's `closed` flag
-sets, so it ends at the close. hypercorn has no hook for this (0.18.0 is its newest release), so
-`install()` swaps the one method and the flag for these, and only on the versions checked.
+group (`WSStream._send_pings`: `while not self.closed: ping; sleep(interval)`). Two faults:
+- after a clean close the task sleeps out the rest of its interval, and a graceful shutdown waits
+  for it: SIGTERM after a realtime session that had closed waited up to 20 s with nothing in flight;
+- it never looks for the pong, so a peer that vanished without a FIN (a laptop lid, a dropped
+  NAT entry) keeps its connection, its realtime session and its KV for as long as TCP lets it.
+Here the loop waits on an event that the stream's `closed` flag sets, and a peer from which
+nothing at all arrived (pong or message) within one interval after a ping is closed with 1001,
+as rill's raw listener does. hypercorn has no hook for either (0.18.0 is its newest release), so
+`install()` swaps these methods in, and only on the versions they were checked against.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import logging
 from importlib.metadata import version
 
 import trio
+from hypercorn.protocol.events import Body, Data, StreamClosed
 from hypercorn.protocol.ws_stream import WSStream
-from wsproto.events import Ping
+from wsproto.events import CloseConnection, Ping
 
-log = logging.getLogger("rill.server")
+log = logging.getLogger("rill.realtime")
 CHECKED_VERSIONS = ("0.18.",)
+CLOSE_GOING_AWAY = 1001
+_original_handle = WSStream.handle
 
 
 def install() -> bool:
@@ -28,30 +34,43 @@ def install() -> bool:
         return True
     found = version("hypercorn")
     if not found.startswith(CHECKED_VERSIONS) or not hasattr(WSStream, "_send_pings"):
-        log.warning("hypercorn %s: WebSocket ping tasks may delay shutdown by one ping interval", found)
+        log.warning("hypercorn %s: /v1/realtime keepalive is hypercorn's own (no dead-peer check)", found)
         return False
     WSStream.closed = property(_is_closed, _set_closed)
+    WSStream.handle = _handle
     WSStream._send_pings = _send_pings
     return True
 
 
-def _closed_event(stream: WSStream) -> trio.Event:
-    return stream.__dict__.setdefault("_rill_closed_event", trio.Event())
+def _state(stream: WSStream) -> dict:
+    return stream.__dict__.setdefault("_rill_keepalive", {"closed": trio.Event(), "heard_s": 0.0})
 
 
 def _is_closed(stream: WSStream) -> bool:
-    return _closed_event(stream).is_set()
+    return _state(stream)["closed"].is_set()
 
 
 def _set_closed(stream: WSStream, value: bool) -> None:
     if value:
-        _closed_event(stream).set()
+        _state(stream)["closed"].set()
     # hypercorn never reopens a stream; __init__ sets False on a fresh event
 
 
+async def _handle(self: WSStream, event) -> None:
+    if isinstance(event, (Body, Data)):  # bytes from the peer: it is alive
+        _state(self)["heard_s"] = trio.current_time()
+    await _original_handle(self, event)
+
+
 async def _send_pings(self: WSStream) -> None:
-    closed = _closed_event(self)
-    while not closed.is_set():
+    state, interval_s = _state(self), self.config.websocket_ping_interval
+    while not state["closed"].is_set():
+        sent_s = trio.current_time()
         await self._send_wsproto_event(Ping())
-        with trio.move_on_after(self.config.websocket_ping_interval):
-            await closed.wait()
+        with trio.move_on_after(interval_s):
+            await state["closed"].wait()
+        if not state["closed"].is_set() and state["heard_s"] < sent_s:
+            log.info("realtime client sent no pong within %.1f s: closing", interval_s)
+            await self._send_wsproto_event(CloseConnection(code=CLOSE_GOING_AWAY, reason="no pong"))
+            await self.send(StreamClosed(stream_id=self.stream_id))
+            return

@@ -1,7 +1,9 @@
 """`rill serve`: one trio root nursery running the engine and hypercorn (trio worker).
 
 SIGINT or SIGTERM stops accepting connections; streams in flight get `grace_s` seconds to
-finish, then the engine shuts down and the process exits 0.
+finish, then the engine shuts down and the process exits 0. When the engine's worker dies,
+every request in flight gets an error and rill stops the same way, then exits 1, so that a
+supervisor (systemd's Restart=on-failure, a Kubernetes pod) starts it again, as vLLM does.
 """
 
 from __future__ import annotations
@@ -42,28 +44,42 @@ async def wait_for_stop_signal() -> None:
 async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: str = "127.0.0.1",
                 port: int = 8000, grace_s: float = 10.0, *, shutdown_trigger=wait_for_stop_signal,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM).
-    task_status gets the bound URLs once the server listens."""
+    """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM) or the engine dies.
+    task_status gets the bound URLs once the server listens. Returns the exit status: 1 when
+    the engine died, else 0."""
     async with open_engine(engine_config) as engine, trio.open_nursery() as nursery:
         app = create_app(engine=engine, server=server_config)
         config = hypercorn_config(host, port, grace_s)
         realtime, stopping = server_config.realtime, trio.Event()
         config.websocket_ping_interval = realtime.ping_interval_s  # /v1/realtime keepalive
-        trigger = partial(_stop_then_set, shutdown_trigger, stopping)
+        trigger = partial(_stop_then_set, shutdown_trigger, stopping, engine)
         binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=trigger))
         if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
             ws_url = await nursery.start(partial(serve_ws, realtime_hub(app), host, realtime.ws_port, stop=stopping))
             binds = [*binds, ws_url]
         log.info("serving %s at %s", engine_config.model, ", ".join(binds))
         task_status.started(binds)
+    if engine.dead is not None:
+        log.error("stopped: the engine died (%r); exiting 1 so that a supervisor restarts rill", engine.dead)
+        return 1
     log.info("stopped")
+    return 0
 
 
-async def _stop_then_set(shutdown_trigger, stopping: trio.Event) -> None:
-    await shutdown_trigger()
+async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engine) -> None:
+    """Return when the shutdown trigger does or the engine dies, whichever comes first."""
+    async with trio.open_nursery() as nursery:
+
+        async def first(wait) -> None:
+            await wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(first, shutdown_trigger)
+        nursery.start_soon(first, engine.died.wait)
+    if engine.dead is not None:
+        log.error("the engine died: no new connections; requests in flight got an error")
     stopping.set()
 
 
 def run(engine_config: EngineConfig, server_config: ServerConfig, host: str, port: int, grace_s: float) -> int:
-    trio.run(partial(serve, engine_config, server_config, host, port, grace_s))
-    return 0
+    return trio.run(partial(serve, engine_config, server_config, host, port, grace_s))

@@ -75,6 +75,7 @@ class AsyncEngine:
         self._done: dict[str, set[int]] = {}  # finished sample indices per live request
         self._ids = itertools.count()
         self.dead: BaseException | None = None
+        self.died = trio.Event()  # set with `dead`, for whoever must act on it (rill serve exits)
         self.stats = core.snapshot()  # refreshed once per step, read by /metrics
         # Worker -> trio: each step's deltas go to the outbox, and one trio callback at a time
         # drains it. When trio falls behind (a fast model, many streams) the steps that pile up
@@ -198,6 +199,7 @@ class AsyncEngine:
 
     def _fail_all(self, error: BaseException) -> None:
         self.dead = error
+        self.died.set()
         for request_id, send in list(self._streams.items()):
             with send:
                 try:
