@@ -193,8 +193,9 @@ async def test_schemathesis_finds_no_server_error_and_no_nonconforming_answer(sp
                    "--checks", "not_a_server_error,response_schema_conformance", "--request-timeout", "60",
                    "--report", "har", "--report-har-path", str(har)]
         with trio.fail_after(RUN_TIMEOUT_S):
+            # cwd: schemathesis keeps a crash cache (.schemathesis/) in its working directory.
             result = await trio.run_process(command, capture_stdout=True, stderr=subprocess.STDOUT, check=False,
-                                            env={**os.environ, "NO_COLOR": "1"})
+                                            cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"})
     output = result.stdout.decode(errors="replace")
     assert result.returncode == 0, output[-6000:]
     statuses = [entry["response"]["status"] for entry in json.loads(har.read_text())["log"]["entries"]]
