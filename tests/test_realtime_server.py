@@ -436,6 +436,25 @@ async def test_both_listeners_drop_a_peer_that_never_answers_pings(model_dir, li
         await stream.aclose()
 
 
+async def test_neither_listener_accepts_permessage_deflate(model_dir, listener):
+    """A compressed message could inflate far past the message cap before the cap is checked."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+    from wsproto.extensions import PerMessageDeflate
+
+    async with serve(model_dir) as server:
+        host, port = url_of(server, listener).removeprefix("ws://").split("/")[0].split(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        client = WSConnection(ConnectionType.CLIENT)
+        target = "/v1/realtime" if listener == "http" else "/"
+        await stream.send_all(client.send(Request(host=host, target=target, extensions=[PerMessageDeflate()])))
+        with trio.fail_after(5):
+            while not (accepted := [e for e in client.events() if isinstance(e, AcceptConnection)]):
+                client.receive_data(await stream.receive_some())
+        assert accepted[0].extensions == []
+        await stream.aclose()
+
+
 async def test_beta_clients_get_beta_event_names(model_dir, listener):
     async with serve(model_dir) as server:
         async with connect(server, listener, extra_headers=[(b"openai-beta", b"realtime=v1")]) as client:

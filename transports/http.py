@@ -38,7 +38,7 @@ from rill.openai.serving import Serving, ServingOptions, api_error, current_trac
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.sessions import SessionManager, StreamingInputConfig
 from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
-from rill.transports import ws_pings
+from rill.transports import hypercorn_ws
 from rill.transports.keepalive import keep_alive_safe
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
@@ -119,7 +119,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     """The app. With `engine`, serve it; otherwise open one from `config` (default: RILL_MODEL or rill-tiny)."""
     app = QuartTrio("rill")
     app.asgi_app = keep_alive_safe(app.asgi_app)  # hypercorn's trio worker: see rill.transports.keepalive
-    ws_pings.install()  # hypercorn's ping tasks end with their WebSocket
+    hypercorn_ws.install()  # keepalive that ends with the WebSocket and closes dead peers; no deflate
     state = AppState(server or ServerConfig.from_env())
     # Streams last as long as generation does: no response timeout.
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None)

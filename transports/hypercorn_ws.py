@@ -1,4 +1,5 @@
-"""hypercorn's WebSocket keepalive, made to end with its connection and to close a dead peer.
+"""hypercorn's WebSockets, mended: keepalive that ends with its connection and closes a dead
+peer, and no permessage-deflate.
 
 hypercorn 0.18 pings every `websocket_ping_interval` seconds from a task in the connection's task
 group (`WSStream._send_pings`: `while not self.closed: ping; sleep(interval)`). Two faults:
@@ -8,8 +9,16 @@ group (`WSStream._send_pings`: `while not self.closed: ping; sleep(interval)`). 
   NAT entry) keeps its connection, its realtime session and its KV for as long as TCP lets it.
 Here the loop waits on an event that the stream's `closed` flag sets, and a peer from which
 nothing at all arrived (pong or message) within one interval after a ping is closed with 1001,
-as rill's raw listener does. hypercorn has no hook for either (0.18.0 is its newest release), so
-`install()` swaps these methods in, and only on the versions they were checked against.
+as rill's raw listener does.
+
+hypercorn also accepts permessage-deflate whenever a client offers it, and wsproto inflates a
+frame without bound: a 400 MiB text message that compresses to a few hundred KB grew the server by
+about 400 MB before the 16 MiB message cap closed the connection. Realtime events are small JSON
+and audio is base64 PCM, which deflate barely helps, so rill accepts no extension (as the raw
+trio-websocket listener never did); clients fall back to plain frames.
+
+hypercorn has no hook for any of this (0.18.0 is its newest release), so `install()` swaps these
+methods in, and only on the versions they were checked against.
 """
 
 from __future__ import annotations
@@ -19,13 +28,14 @@ from importlib.metadata import version
 
 import trio
 from hypercorn.protocol.events import Body, Data, StreamClosed
-from hypercorn.protocol.ws_stream import WSStream
+from hypercorn.protocol.ws_stream import Handshake, WSStream
 from wsproto.events import CloseConnection, Ping
 
 log = logging.getLogger("rill.realtime")
 CHECKED_VERSIONS = ("0.18.",)
 CLOSE_GOING_AWAY = 1001
 _original_handle = WSStream.handle
+_original_accept = Handshake.accept
 
 
 def install() -> bool:
@@ -34,8 +44,9 @@ def install() -> bool:
         return True
     found = version("hypercorn")
     if not found.startswith(CHECKED_VERSIONS) or not hasattr(WSStream, "_send_pings"):
-        log.warning("hypercorn %s: /v1/realtime keepalive is hypercorn's own (no dead-peer check)", found)
+        log.warning("hypercorn %s: /v1/realtime keepalive and compression are hypercorn's own", found)
         return False
+    Handshake.accept = _accept_uncompressed
     WSStream.closed = property(_is_closed, _set_closed)
     WSStream.handle = _handle
     WSStream._send_pings = _send_pings
@@ -74,3 +85,8 @@ async def _send_pings(self: WSStream) -> None:
             await self._send_wsproto_event(CloseConnection(code=CLOSE_GOING_AWAY, reason="no pong"))
             await self.send(StreamClosed(stream_id=self.stream_id))
             return
+
+
+def _accept_uncompressed(self: Handshake, *args, **kwargs):
+    self.extensions = None  # the client's offer is ignored: no permessage-deflate
+    return _original_accept(self, *args, **kwargs)
