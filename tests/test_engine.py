@@ -1,13 +1,17 @@
 """EngineCore driven directly (no thread, no socket): batching, chunked prefill, prefix cache,
 preemption, sliding window, abort, admission limits, streaming-input sessions."""
 
+import os
 import random
+import re
 
 import pytest
+import torch
 
 from helpers_models import make_model_dir
-from rill.config import EngineConfig
+from rill.config import EngineConfig, default_kv_cache_bytes
 from rill.engine.core import EngineCore
+from rill.engine.model_runner import zeroed_cache
 from rill.errors import ValidationError
 from rill.sampling_params import SamplingParams
 
@@ -304,6 +308,32 @@ def test_kv_budget_in_bytes_is_capped_by_what_max_num_seqs_can_use(mistral_dir):
     per_block = core.model_config.kv_bytes_per_token * core.config.block_size
     small = EngineCore(EngineConfig(model=str(mistral_dir), kv_cache_bytes=10 * per_block + 1))
     assert small.block_manager.num_blocks == 10
+
+
+def test_default_kv_budget_is_2_gib_or_an_eighth_of_the_machine(monkeypatch):
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert default_kv_cache_bytes() == min(2 << 30, memory // 8)
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 << 20 if name == "SC_PHYS_PAGES" else 4096)  # 4 GiB
+    assert default_kv_cache_bytes() == 512 << 20
+
+
+def _rss_bytes() -> int:
+    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read())[1]) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the resident set from /proc")
+def test_cpu_kv_cache_memory_is_committed_as_blocks_are_written_not_at_start():
+    shape = (4096, 16, 8, 128)  # 4096 blocks of 16 tokens, 8 heads of 128: 256 MiB in float32
+    before = _rss_bytes()
+    cache = zeroed_cache(shape, torch.float32, torch.device("cpu"))
+    assert _rss_bytes() - before < 32 << 20
+    assert cache.shape == shape and cache.dtype == torch.float32
+    assert not cache[0].any() and not cache[-1].any() and not cache[2048, 5].any()
+    cache[7] = 1.5  # one block written: its pages, and no others, come in
+    assert float(cache[7].sum()) == 1.5 * 16 * 8 * 128 and not cache[8].any()
+    assert _rss_bytes() - before < 40 << 20
+    half = zeroed_cache((4, 16, 2, 8), torch.bfloat16, torch.device("cpu"))
+    assert half.dtype == torch.bfloat16 and not half.any()
 
 
 def deltas_of(core: EngineCore, rid, ids, params, max_steps=200):

@@ -18,7 +18,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=_env("DEVICE", "cpu"))
     p.add_argument("--max-model-len", type=int, default=_env("MAX_MODEL_LEN", None, int))
     p.add_argument("--num-kv-blocks", type=int, default=_env("NUM_KV_BLOCKS", None, int), help="KV budget in blocks")
-    p.add_argument("--kv-cache-gb", type=float, default=_env("KV_CACHE_GB", 2.0, float), help="KV budget in GiB")
+    p.add_argument("--kv-cache-gb", type=float, default=_env("KV_CACHE_GB", None, float),
+                   help="KV budget in GiB (default: 2, or an eighth of the machine's memory if less)")
     p.add_argument("--block-size", type=int, default=_env("BLOCK_SIZE", 16, int))
     p.add_argument("--max-num-seqs", type=int, default=_env("MAX_NUM_SEQS", 256, int), help="max running requests")
     p.add_argument("--max-num-batched-tokens", type=int, default=_env("MAX_NUM_BATCHED_TOKENS", 2048, int))
@@ -35,7 +36,8 @@ def engine_config(args):
             template = f.read()
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_bytes=None if args.kv_cache_gb is None else int(args.kv_cache_gb * (1 << 30)),
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, chat_template=template,

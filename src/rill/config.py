@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+MAX_DEFAULT_KV_CACHE_BYTES = 2 << 30
+
+
+def default_kv_cache_bytes() -> int:
+    """The KV budget when none is given: 2 GiB, or an eighth of the machine's memory if less."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that tells
+        return MAX_DEFAULT_KV_CACHE_BYTES
+    return min(MAX_DEFAULT_KV_CACHE_BYTES, memory // 8)
 
 
 @dataclass
@@ -12,7 +24,7 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = 16
     num_kv_blocks: int | None = None  # KV budget in blocks; None: derive from kv_cache_bytes
-    kv_cache_bytes: int = 2 << 30
+    kv_cache_bytes: int | None = None  # None: default_kv_cache_bytes()
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

@@ -9,7 +9,7 @@ import time
 import msgspec
 import torch
 
-from rill.config import EngineConfig
+from rill.config import EngineConfig, default_kv_cache_bytes
 from rill.engine.block_manager import BlockManager
 from rill.engine.model_runner import ModelRunner
 from rill.engine.prompt_logprobs import prompt_spans
@@ -34,7 +34,7 @@ class EngineCore:
         cfg = self.model_config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.window = cfg.sliding_window
-        num_blocks = config.num_kv_blocks or self._blocks_for_budget(config.kv_cache_bytes)
+        num_blocks = config.num_kv_blocks or self._blocks_for_budget(config.kv_cache_bytes or default_kv_cache_bytes())
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.window)
         eos = set(cfg.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
