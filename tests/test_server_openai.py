@@ -271,8 +271,9 @@ async def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(model_d
     async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
         ids = server.engine.tokenizer.encode("The quick brown fox jumps over the lazy dog")
         body = {"model": str(model_dir), "prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 1,
-                "temperature": 0}
-        choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+                "temperature": 0, "n": 2}
+        choice, second = (await client.post("/v1/completions", json=body)).json()["choices"]
+    assert second["logprobs"] == choice["logprobs"]  # each of the n samples scores the prompt
     lp, expected = choice["logprobs"], hf_logprobs(hf_model, ids)
     assert len(lp["tokens"]) == len(ids) + 1  # the prompt's tokens, then the one generated
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
@@ -308,3 +309,22 @@ async def test_echo_with_logprobs_after_a_cached_prefix_still_scores_it(model_di
         first = (await client.post("/v1/completions", json=body)).json()
         second = (await client.post("/v1/completions", json=body)).json()
     assert first["choices"][0]["logprobs"] == second["choices"][0]["logprobs"]
+
+
+async def test_lm_eval_loglikelihood_request_is_answered_as_it_parses_it(model_dir, hf_model):
+    # lm-evaluation-harness's local-completions model (models/openai_completions.py) sends this body
+    # for a loglikelihood request and reads token_logprobs[ctxlen:-1]: every column but the one for
+    # the token generated after the prompt.
+    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url) as client:
+        context = server.engine.tokenizer.encode("Question: what is 2 + 2? Answer:")
+        continuation = server.engine.tokenizer.encode(" four")
+        ids = context + continuation
+        body = {"model": str(model_dir), "prompt": [ids], "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                "seed": 1234, "echo": True}
+        choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+    scored = choice["logprobs"]["token_logprobs"][len(context):-1]
+    tops = choice["logprobs"]["top_logprobs"][len(context):-1]
+    expected = hf_logprobs(hf_model, ids)
+    assert sum(scored) == pytest.approx(sum(expected[t, ids[t]].item() for t in range(len(context), len(ids))),
+                                        abs=1e-3)
+    assert all(len(top) == 1 for top in tops)  # is_greedy compares each logprob with max(top.values())
