@@ -115,3 +115,34 @@ async def test_metrics_gauges_are_current_after_an_abort_on_an_idle_engine(model
                 break
             await trio.sleep(0.05)
         assert await settled()
+
+
+async def _raw_get(port: int, target: bytes, host: bytes = b"127.0.0.1") -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+    data = b""
+    with trio.fail_after(10):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    await stream.aclose()
+    return data.split(b"\r\n", 1)[0]
+
+
+async def test_crafted_paths_and_hosts_do_not_slip_past_the_api_key(model_dir):
+    async with running_server(model_dir, ServerConfig(api_key="sekret")) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        for target in (b"/v1/models", b"/v1/models?x", b"//v1/models", b"/v1%2Fmodels", b"/./v1/models",
+                       b"/v1/../v1/models", b"/V1/models", b"/health/../v1/models", b"/tokenize",
+                       b"/v1/streaming_input/sessions", b"/nowhere"):
+            status = await _raw_get(port, target)
+            assert b" 200 " not in status + b" ", (target, status)
+        assert b" 401 " in await _raw_get(port, b"/v1/models", host=b"evil.example")
+        assert b" 200 " in await _raw_get(port, b"/health")
+
+
+def test_key_comparison_hashes_both_sides_so_length_does_not_matter():
+    from rill.transports.api_keys import bearer_matches
+
+    assert bearer_matches("Bearer sekret", "sekret")
+    for given in ("", "Bearer", "Bearer sekre", "Bearer sekretX", "bearer sekret", "Bearer " + "s" * 10000):
+        assert not bearer_matches(given, "sekret")

@@ -14,7 +14,6 @@ configure it). Request logic lives in rill.openai; this module is the wire.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import time
@@ -39,6 +38,7 @@ from rill.openai.streaming import attach as attach_streaming_input
 from rill.sessions import SessionManager, StreamingInputConfig
 from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
 from rill.transports import hypercorn_ws
+from rill.transports.api_keys import OPEN_PATHS, bearer_matches
 from rill.transports.keepalive import keep_alive_safe
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
@@ -48,7 +48,6 @@ from rill.transports.realtime_quart import install_realtime
 log = logging.getLogger("rill.server")
 
 MAX_BODY_BYTES = 16 << 20
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 @dataclass
@@ -194,10 +193,9 @@ async def _log_request(response: Response) -> Response:
 @api.before_app_request
 async def _authenticate() -> Response | None:
     key = _state().server.api_key
-    if key is None or not request.path.startswith(_PROTECTED_PREFIXES):
+    if key is None or request.path in OPEN_PATHS:
         return None
-    given = request.headers.get("Authorization", "")
-    if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    if bearer_matches(request.headers.get("Authorization", ""), key):
         return None
     return _error(ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key"))

@@ -11,7 +11,6 @@ request, whose KV is then free by the engine's next step.
 from __future__ import annotations
 
 import argparse
-import hmac
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ import trio
 
 from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
+from rill.transports.api_keys import bearer_matches
 from rill.transports.realtime import DEFAULT_MAX_MESSAGE_BYTES, RealtimeConnection
 from rill.transports.realtime_events import RealtimeError, encode, error_event
 from rill.transports.realtime_response import Dialect
@@ -149,8 +149,7 @@ class RealtimeHub:
         offered = [headers.get("authorization", "")]
         offered += [f"Bearer {p[len(INSECURE_KEY_PROTOCOL):]}" for p in subprotocols
                     if p.startswith(INSECURE_KEY_PROTOCOL)]
-        expected = f"Bearer {self.api_key}".encode()
-        return any(hmac.compare_digest(given.encode(), expected) for given in offered)
+        return any([bearer_matches(given, self.api_key) for given in offered])  # a list: no early exit
 
     @contextmanager
     def counted(self):
