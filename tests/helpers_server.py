@@ -7,7 +7,6 @@ import json
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import hypercorn
 import pytest
 import torch
 import trio
@@ -17,6 +16,7 @@ from quart_trio import QuartTrio
 from rill.config import EngineConfig
 from rill.engine.async_engine import AsyncEngine, open_engine
 from rill.openai.serving import Serving
+from rill.server import hypercorn_config
 from rill.transports.http import ServerConfig, create_app
 from rill.transports.realtime_quart import realtime_hub
 from rill.transports.ws import serve_ws
@@ -56,12 +56,10 @@ class RunningServer:
 @asynccontextmanager
 async def running_server(model_dir, server: ServerConfig | None = None, **engine_kwargs):
     config = EngineConfig(model=str(model_dir), **{"num_kv_blocks": 256, **engine_kwargs})
-    hyper = hypercorn.Config()
-    hyper.bind = ["127.0.0.1:0"]
-    hyper.graceful_timeout = 1.0
+    server = server or ServerConfig()
+    hyper = hypercorn_config("127.0.0.1", 0, 1.0, server)  # as rill serve configures hypercorn
     async with open_engine(config) as engine:
-        app = create_app(engine=engine, server=server or ServerConfig())
-        hyper.websocket_ping_interval = app.extensions["rill"].server.realtime.ping_interval_s  # as rill serve
+        app = create_app(engine=engine, server=server)
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(serve, app, hyper)
             ws_url = None

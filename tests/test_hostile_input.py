@@ -146,3 +146,52 @@ def test_key_comparison_hashes_both_sides_so_length_does_not_matter():
     assert bearer_matches("Bearer sekret", "sekret")
     for given in ("", "Bearer", "Bearer sekre", "Bearer sekretX", "bearer sekret", "Bearer " + "s" * 10000):
         assert not bearer_matches(given, "sekret")
+
+
+async def _read_all(stream, seconds: float) -> bytes:
+    data = b""
+    with trio.fail_after(seconds):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def test_slow_headers_are_cut_off_at_the_keep_alive_timeout(model_dir):
+    async with running_server(model_dir, ServerConfig(keep_alive_timeout_s=0.5)) as server:
+        stream = await trio.open_tcp_stream("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        assert await _read_all(stream, 10) == b""  # closed by the server, well before 10 s
+        await stream.aclose()
+
+
+async def test_a_body_dribbled_byte_by_byte_is_a_408_at_the_body_timeout(model_dir):
+    body = json.dumps({"messages": HI, "max_tokens": 1}).encode()
+    async with running_server(model_dir, ServerConfig(body_timeout_s=1.0)) as server:
+        stream = await trio.open_tcp_stream("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+        await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
+        answer = b""
+        with trio.move_on_after(15):
+            for byte in body:  # one byte every 0.2 s: the whole body would take about 14 s
+                await stream.send_all(bytes([byte]))
+                with trio.move_on_after(0.2):
+                    answer += await stream.receive_some(65536)
+                if answer:
+                    break
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        await stream.aclose()
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            assert (await client.get("/health")).status_code == 200
+
+
+async def test_headers_at_the_limit_pass_and_past_it_are_431(model_dir):
+    async with running_server(model_dir, ServerConfig(max_header_bytes=16 << 10)) as server, \
+            httpx.AsyncClient(base_url=server.url) as client:
+        assert (await client.get("/health", headers={"x-pad": "a" * (12 << 10)})).status_code == 200
+        port = int(server.url.rsplit(":", 1)[1])
+        for headers in (b"x-pad: " + b"a" * (64 << 10) + b"\r\n", b"".join(b"x-%d: 1\r\n" % i for i in range(10000))):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+            assert (await _read_all(stream, 10)).startswith(b"HTTP/1.1 431")
+            await stream.aclose()
+        assert (await client.get("/health")).status_code == 200

@@ -61,6 +61,15 @@ class ServerConfig:
     tool_call_parser: str | None = "hermes"
     reasoning_parser: str | None = None
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # /v1/realtime and --ws-port
+    # Slow and oversized clients (hypercorn's and Quart's own limits): a connection that has not
+    # sent a request's headers within the keep-alive timeout is closed (slow headers too); a JSON
+    # body must arrive within body_timeout_s (408); headers past max_header_bytes are a 431.
+    # read_timeout_s closes a connection that sends nothing for that long: off by default, since
+    # an SSE reader sends nothing while a long answer streams.
+    keep_alive_timeout_s: float = 5.0
+    body_timeout_s: float = 60.0
+    max_header_bytes: int = 16 << 10
+    read_timeout_s: float | None = None
     streaming_input: StreamingInputConfig = field(default_factory=StreamingInputConfig)  # Mode A and B
 
     @classmethod
@@ -77,6 +86,10 @@ class ServerConfig:
             reasoning_parser=_parser_option(env("RILL_REASONING_PARSER", "none")),
             realtime=RealtimeConfig.from_env(),
             streaming_input=StreamingInputConfig.from_env(),
+            keep_alive_timeout_s=float(env("RILL_KEEP_ALIVE_TIMEOUT_S", 5.0)),
+            body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
+            max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
+            read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
         )
 
     def serving_options(self) -> ServingOptions:
@@ -121,7 +134,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     hypercorn_ws.install()  # keepalive that ends with the WebSocket and closes dead peers; no deflate
     state = AppState(server or ServerConfig.from_env())
     # Streams last as long as generation does: no response timeout.
-    app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None)
+    app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None,
+                      BODY_TIMEOUT=state.server.body_timeout_s)
     app.extensions["rill"] = state
     app.register_blueprint(api)
     install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)

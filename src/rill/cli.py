@@ -79,6 +79,8 @@ def _cmd_serve(args) -> int:
         reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
         streaming_input=streaming_input_config.from_args(args),
         realtime=realtime_config(args),
+        keep_alive_timeout_s=args.keep_alive_timeout_s, body_timeout_s=args.body_timeout_s,
+        max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s,
     )
     return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s)
 
@@ -97,6 +99,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", None, int),
                    help="requests waiting for their first token before new ones get 429")
     p.add_argument("--max-body-bytes", type=int, default=_env("MAX_BODY_BYTES", 16 << 20, int))
+    p.add_argument("--keep-alive-timeout-s", type=float, default=_env("KEEP_ALIVE_TIMEOUT_S", 5.0, float),
+                   help="close a connection idle this long, or whose request headers take longer")
+    p.add_argument("--body-timeout-s", type=float, default=_env("BODY_TIMEOUT_S", 60.0, float),
+                   help="a JSON body must arrive within this (408)")
+    p.add_argument("--max-header-bytes", type=int, default=_env("MAX_HEADER_BYTES", 16 << 10, int),
+                   help="request line and headers past this are a 431")
+    p.add_argument("--read-timeout-s", type=float, default=_env("READ_TIMEOUT_S", None, float),
+                   help="close a connection that sends nothing this long (off: SSE readers send nothing)")
     p.add_argument("--served-model-name", nargs="+", default=_env("SERVED_MODEL_NAME", None, lambda v: v.split(",")),
                    help="names clients use for the model (default: the MODEL argument)")
     p.add_argument("--tool-call-parser", default=_env("TOOL_CALL_PARSER", "hermes"), choices=["hermes", "none"])

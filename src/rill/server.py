@@ -25,10 +25,15 @@ from rill.transports.ws import serve_ws
 log = logging.getLogger("rill.server")
 
 
-def hypercorn_config(host: str, port: int, grace_s: float) -> hypercorn.Config:
+def hypercorn_config(host: str, port: int, grace_s: float, server: ServerConfig | None = None) -> hypercorn.Config:
+    server = server or ServerConfig()
     config = hypercorn.Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = grace_s
+    config.keep_alive_timeout = server.keep_alive_timeout_s  # also bounds the wait for a request's headers
+    config.read_timeout = server.read_timeout_s
+    config.h11_max_incomplete_size = server.max_header_bytes
+    config.websocket_ping_interval = server.realtime.ping_interval_s  # /v1/realtime keepalive
     config.accesslog = None  # rill logs one line per request itself
     config.errorlog = logging.getLogger("hypercorn.error")  # through the app's logging setup, once
     return config
@@ -49,9 +54,8 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: 
     the engine died, else 0."""
     async with open_engine(engine_config) as engine, trio.open_nursery() as nursery:
         app = create_app(engine=engine, server=server_config)
-        config = hypercorn_config(host, port, grace_s)
+        config = hypercorn_config(host, port, grace_s, server_config)
         realtime, stopping = server_config.realtime, trio.Event()
-        config.websocket_ping_interval = realtime.ping_interval_s  # /v1/realtime keepalive
         trigger = partial(_stop_then_set, shutdown_trigger, stopping, engine)
         binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=trigger))
         if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
