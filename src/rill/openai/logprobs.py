@@ -60,5 +60,15 @@ def _add_column(out: CompletionLogprobs, tokenizer, token_id: int, lp: TokenLogp
         out.top_logprobs.append(None)
     else:
         out.token_logprobs.append(lp.logprob)
-        out.top_logprobs.append({token_text(tokenizer, t): v for t, v in (lp.top or [])[:num_top]} or None)
+        out.top_logprobs.append(_top_dict(tokenizer, text, lp, num_top))
     return text_offset + len(text)
+
+
+def _top_dict(tokenizer, text: str, lp: TokenLogprob, num_top: int) -> dict[str, float]:
+    """The chosen token and the num_top most likely: "the API will always return the logprob of the
+    sampled token, so there may be up to logprobs+1 elements" (OpenAI's completions reference; vLLM
+    does the same, the chosen token first)."""
+    top = {text: lp.logprob}
+    for token_id, value in (lp.top or [])[:num_top]:
+        top.setdefault(token_text(tokenizer, token_id), value)
+    return top
