@@ -58,7 +58,8 @@ class Sequence:
         self.params = params
         # SamplingParams.prompt_logprobs: filled as prefill chunks compute them (the first prompt
         # token has none); handed out with the first sampled token, then None.
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None if params.prompt_logprobs is None else [None]
+        wants = params is not None and params.prompt_logprobs is not None  # tests build bare sequences
+        self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if wants else None
         self.max_tokens = max_tokens  # output budget: params.max_tokens capped by the model length
         self.detokenizer = detokenizer
         self.generator = generator
