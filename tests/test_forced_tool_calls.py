@@ -175,3 +175,29 @@ async def test_call_round_trip_answers_from_the_tool_result():
                      {"role": "tool", "tool_call_id": call.id, "content": WEATHER_RESULT}]
         answer = await create(server, messages=messages, tools=[GET_WEATHER, GET_TIME])
     assert answer.choices[0].message.content == "It is 21°C and sunny in Paris."
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+async def test_realtime_forced_call_on_rill_tiny_has_json_arguments(choice):
+    """/v1/realtime forces a call the same way: cut on a token boundary, the rest as output_prefix."""
+    import trio
+    from trio_websocket import open_websocket_url
+
+    weather = {"type": "function", **GET_WEATHER["function"]}
+    async with running_server(RILL_TINY_DIR) as server:
+        async with open_websocket_url(server.url.replace("http", "ws") + "/v1/realtime") as ws:
+            async def send(event: dict) -> None:
+                await ws.send_message(json.dumps(event))
+
+            with trio.fail_after(60):
+                assert json.loads(await ws.get_message())["type"] == "session.created"
+                await send({"type": "session.update", "session": {"tools": [weather], "tool_choice": choice,
+                                                                  "temperature": 0}})
+                await send({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "What's the weather in Paris?"}]}})
+                await send({"type": "response.create"})
+                while (event := json.loads(await ws.get_message()))["type"] != "response.done":
+                    assert event["type"] != "error", event
+    (call,) = [item for item in event["response"]["output"] if item["type"] == "function_call"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}

@@ -205,12 +205,14 @@ class RealtimeConnection:
         tokenizer, settings = self.serving.tokenizer, self.settings
         split = split_prompt(tokenizer, self.conversation.messages(settings.instructions), settings.template_tools)
         per_chunk = settings.output_mode == "respond_per_chunk"
-        turn = InputTurn(self._new_request_id(), IncrementalEncoder(tokenizer), split.suffix + settings.tool_prefix,
+        forced = settings.forced(tokenizer)
+        turn = InputTurn(self._new_request_id(), IncrementalEncoder(tokenizer), split.suffix + forced.prompt_text,
                          per_chunk, text)
         ids = turn.encoder.feed(split.prefix) + self._encode(turn, text)
         self._check_length(turn)
         params = settings.sampling_params(self.serving)
         params.max_tokens = settings.max_output_tokens if per_chunk else None  # respond_at_end: set at finish
+        params.output_prefix = forced.output_text or None
         self.engine.open_session(turn.request_id, params, respond_per_chunk=per_chunk, prompt_token_ids=ids)
         self._turn, self._request_id, self._answer_prompt_tokens = turn, turn.request_id, 0
         self._move(Move.OPEN_INPUT)
@@ -294,8 +296,10 @@ class RealtimeConnection:
                                 "(input_text_buffer.append) first")
         tokenizer = self.serving.tokenizer
         text = tokenizer.apply_chat_template(messages, tools=self.settings.template_tools)
-        prompt = tokenizer.encode(text + self.settings.tool_prefix, add_special_tokens=False)
+        forced = self.settings.forced(tokenizer)
+        prompt = tokenizer.encode(text + forced.prompt_text, add_special_tokens=False)
         params = self.settings.sampling_params(self.serving, options)
+        params.output_prefix = forced.output_text or None
         self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
         self.serving.check_ready()
         request_id = self._new_request_id()
@@ -307,7 +311,7 @@ class RealtimeConnection:
         return ResponseStream(self.dialect, parse_tools=parse_tools, max_output_tokens=max_tokens,
                               add_item=self.conversation.add if in_band else None,
                               conversation_id=self.conversation_id if in_band else None,
-                              tool_prefix=self.settings.tool_prefix if in_band else "")
+                              tool_prefix=self.settings.forced(self.serving.tokenizer).prompt_text if in_band else "")
 
     def _start_response(self, request_id: str, max_tokens: int | None) -> None:
         self._request_id = request_id

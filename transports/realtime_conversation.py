@@ -12,7 +12,7 @@ import msgspec
 from rill.errors import ValidationError
 from rill.openai.errors import ApiError
 from rill.openai.serving import Serving
-from rill.openai.tool_parser import TOOL_CALL_START
+from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
 from rill.sampling_params import SamplingParams
 from rill.transports.realtime_audio import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
 from rill.transports.realtime_events import (
@@ -61,10 +61,15 @@ class Settings:
         """The start of a call, written after the answer's start, when tool_choice forces one."""
         choice = self.tool_choice
         if choice == "required":
-            return TOOL_CALL_START + '\n{"name": "'
+            return call_start(None)
         if isinstance(choice, ToolChoiceFunction):
-            return f'{TOOL_CALL_START}\n{{"name": {json.dumps(choice.name, ensure_ascii=False)}, "arguments": '
+            return call_start(choice.name)
         return ""
+
+    def forced(self, tokenizer) -> ForcedPrefix:
+        """tool_prefix cut on a token boundary: what the prompt ends with, and what the output must
+        begin with (SamplingParams.output_prefix), as chat completions do (rill.openai.forced_prefix)."""
+        return split_forced_prefix(tokenizer, self.tool_prefix) if self.tool_prefix else ForcedPrefix("", "")
 
     def update(self, config: SessionConfig, serving: Serving) -> None:
         """Apply a session.update after validating all of it (nothing changes when it fails)."""
