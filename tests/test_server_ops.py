@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import asynccontextmanager
 from functools import partial
 
 import httpx
@@ -152,25 +153,13 @@ async def test_requests_that_make_no_trace_log_one_line_each(model_dir, caplog):
 
 async def test_sigterm_after_a_closed_realtime_session_stops_at_once(model_dir, tmp_path):
     """hypercorn's ping task used to sleep out its interval after the close, and shutdown waited."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rill", "serve", str(model_dir), "--port", "0", "--num-kv-blocks", "64",
-               "--shutdown-grace-s", "60", "--ws-ping-interval-s", "60"]
-    stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "wb") as stderr:
-        process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL,
-                                                   cwd=tmp_path, env=env)
-        try:
-            url = await _bound_url(stderr_path, process)
-            assert await trio.to_thread.run_sync(_one_realtime_session, url) == "session.created"
-            await wait_for(lambda: "closed" in stderr_path.read_text())
-            process.send_signal(signal.SIGTERM)
-            with trio.fail_after(30):  # the grace and the ping interval are 60 s
-                code = await process.wait()
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-    assert code == 0, stderr_path.read_text()
+    flags = ["--shutdown-grace-s", "60", "--ws-ping-interval-s", "60"]
+    async with rill_serve_process(model_dir, tmp_path, flags) as (process, url, stderr_path):
+        assert await trio.to_thread.run_sync(_one_realtime_session, url) == "session.created"
+        await wait_for(lambda: "closed" in stderr_path.read_text())
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):  # the grace and the ping interval are 60 s
+            assert await process.wait() == 0, stderr_path.read_text()
 
 
 class InjectedFault(RuntimeError):
@@ -213,25 +202,12 @@ async def test_serve_exits_1_when_the_engine_dies_after_erroring_the_stream_in_f
 
 
 async def test_sigint_with_an_idle_keep_alive_connection_stops_at_once(model_dir, tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rill", "serve", str(model_dir), "--port", "0", "--num-kv-blocks", "64",
-               "--shutdown-grace-s", "60"]
-    stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "wb") as stderr:
-        process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL,
-                                                   cwd=tmp_path, env=env)
-        try:
-            url = await _bound_url(stderr_path, process)
-            async with httpx.AsyncClient(base_url=url) as client:  # its connection stays open, idle
-                await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-                process.send_signal(signal.SIGINT)
-                with trio.fail_after(30):  # the grace is 60 s
-                    code = await process.wait()
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-    assert code == 0, stderr_path.read_text()
+    async with rill_serve_process(model_dir, tmp_path, ["--shutdown-grace-s", "60"]) as (process, url, stderr_path):
+        async with httpx.AsyncClient(base_url=url) as client:  # its connection stays open, idle
+            await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            process.send_signal(signal.SIGINT)
+            with trio.fail_after(30):  # the grace is 60 s
+                assert await process.wait() == 0, stderr_path.read_text()
 
 
 def _one_realtime_session(url: str) -> str:
@@ -280,34 +256,39 @@ async def test_app_opens_its_own_engine_for_its_lifetime(model_dir, caplog):
 
 
 async def test_rill_serve_finishes_streams_in_flight_on_sigterm_and_exits_0(model_dir, tmp_path):
+    async with rill_serve_process(model_dir, tmp_path, ["--shutdown-grace-s", "30"]) as (process, url, stderr_path):
+        body = {"messages": HI, "max_tokens": 40, "ignore_eos": True, "stream": True}
+        raw, signalled = "", False
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for text in response.aiter_text():
+                    raw += text
+                    if '"content"' in raw and not signalled:  # once: a second signal stops at once
+                        process.send_signal(signal.SIGTERM)
+                        signalled = True
+        with trio.fail_after(30):
+            code = await process.wait()
+    frames = parse_sse(raw)
+    assert frames[-1].data == "[DONE]" and frames[-2].json["choices"][0]["finish_reason"] == "length"
+    assert code == 0, stderr_path.read_text()
+    assert "SIGTERM" in stderr_path.read_text()
+
+
+@asynccontextmanager
+async def rill_serve_process(model_dir, tmp_path, flags: list[str]):
+    """`rill serve` as a subprocess on a free port: yields (process, url, stderr path); killed after."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rill", "serve", str(model_dir), "--port", "0", "--num-kv-blocks", "64",
-               "--shutdown-grace-s", "30"]
+    command = [sys.executable, "-m", "rill", "serve", str(model_dir), "--port", "0", "--num-kv-blocks", "64", *flags]
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "wb") as stderr:
         process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL,
                                                    cwd=tmp_path, env=env)
         try:
-            url = await _bound_url(stderr_path, process)
-            body = {"messages": HI, "max_tokens": 40, "ignore_eos": True, "stream": True}
-            raw, signalled = "", False
-            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                    async for text in response.aiter_text():
-                        raw += text
-                        if '"content"' in raw and not signalled:  # once: a second signal stops at once
-                            process.send_signal(signal.SIGTERM)
-                            signalled = True
-            with trio.fail_after(30):
-                code = await process.wait()
+            yield process, await _bound_url(stderr_path, process), stderr_path
         finally:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
-    frames = parse_sse(raw)
-    assert frames[-1].data == "[DONE]" and frames[-2].json["choices"][0]["finish_reason"] == "length"
-    assert code == 0, stderr_path.read_text()
-    assert "SIGTERM" in stderr_path.read_text()
 
 
 async def _bound_url(stderr_path, process) -> str:
