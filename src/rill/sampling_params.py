@@ -63,6 +63,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     # is spelled out, in whatever tokens the model picks (a forced tool-call start: rill.openai.forced_prefix).
     # Not a request field; it needs a plain ByteLevel tokenizer (Sampler ignores it otherwise).
     output_prefix: str | None = None
+    # A compiled rill.structured.Grammar the output must match (response_format, structured_outputs, a
+    # forced or strict tool call). Not a request field: the server compiles it before submitting.
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, lo=1)

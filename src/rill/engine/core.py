@@ -114,6 +114,7 @@ class EngineCore:
                     block_size=self.config.block_size, max_tokens=max_tokens,
                     detokenizer=self._detokenizer(prompt_token_ids, params),
                     generator=make_generator(seed), **session,
+                    matcher=None if params.grammar is None else params.grammar.new_matcher(),
                 )
             )
         self.requests[request_id] = seqs
@@ -188,6 +189,8 @@ class EngineCore:
         seq.output_start = seq.num_tokens
         seq.detokenizer = self._detokenizer(seq.token_ids, seq.params)
         seq.arrival_time, seq.first_token_time = time.monotonic(), None
+        if seq.matcher is not None:
+            seq.matcher.reset()  # each turn's answer matches the grammar on its own
         self.scheduler.unpark(seq)
 
     def _session_seq(self, request_id: str) -> Sequence:
@@ -291,6 +294,8 @@ class EngineCore:
         # An EOS that ends the request is not text (as in vLLM); other special tokens go through
         # the detokenizer, which drops them when skip_special_tokens.
         params, detokenizer = seq.params, seq.detokenizer
+        # A grammar that is complete (or broken) ends the output: its matcher is then stopped.
+        grammar_done = seq.matcher is not None and _advance_matcher(seq.matcher, token_id)
         num_output = len(token_ids) - seq.output_start
         min_reached = num_output > params.min_tokens
         if token_id in self.eos_token_ids and not params.ignore_eos and min_reached:
@@ -298,7 +303,7 @@ class EngineCore:
         else:
             text = detokenizer.add(token_id)
             reason = None
-            if (num_output >= seq.max_tokens or detokenizer.stop_reason is not None
+            if (num_output >= seq.max_tokens or detokenizer.stop_reason is not None or grammar_done
                     or len(token_ids) >= self.max_model_len or token_id in params.stop_token_ids):
                 reason = self._finish_reason(seq, token_id, min_reached, num_output)
         logprobs = None
@@ -336,6 +341,8 @@ class EngineCore:
         if seq.detokenizer.stop_reason is not None:
             seq.stop_reason = seq.detokenizer.stop_reason
             return FinishReason.STOP
+        if seq.matcher is not None and _matcher_done(seq.matcher):
+            return FinishReason.STOP  # the output is complete: the grammar allows nothing more
         if num_output >= seq.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return FinishReason.LENGTH
         return None
@@ -359,3 +366,14 @@ class EngineCore:
 
     def snapshot(self):
         return self.stats.snapshot(self.scheduler, self.block_manager)
+
+
+def _advance_matcher(matcher, token_id: int) -> bool:
+    """Feed the committed token to the sequence's grammar matcher; True when the grammar allows nothing
+    after it (complete, or in error: a token it did not allow, which the sampler's mask prevents)."""
+    matcher.consume_token(token_id)
+    return _matcher_done(matcher)
+
+
+def _matcher_done(matcher) -> bool:
+    return matcher.is_stopped() or matcher.is_error()

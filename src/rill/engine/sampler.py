@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any
 
 import msgspec
 import torch
 
 from rill.sampling_params import SamplingParams
+from rill.structured.bitmask import BitmaskFiller, apply_grammar
 from rill.tokenizer.piece_index import PieceIndex
 
 # exponential_ may return exactly 0; its log would be -inf and turn a banned
@@ -35,6 +37,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None  # make_generator(params.seed), kept for the request's life
+    matcher: Any = None  # params.grammar's matcher for this row (rill.structured)
 
 
 class SampledToken(msgspec.Struct, frozen=True):
@@ -64,6 +67,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.pieces = pieces  # each token's bytes, for output_prefix (None: it is not enforced)
         self._allowed: dict[bytes, list[int]] = {}  # output_prefix remainder -> the ids that agree with it
+        self._bitmasks: BitmaskFiller | None = None  # made when the first constrained row arrives
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """logits: [S, >= vocab_size], any float dtype, one row per entry of rows."""
@@ -83,7 +87,16 @@ class Sampler:
         _apply_repetition_penalty(scores, rows)
         _apply_presence_frequency_penalties(scores, rows)
         self._apply_output_prefix(scores, rows)
+        self._apply_grammar(scores, rows)
         return scores
+
+    def _apply_grammar(self, scores: torch.Tensor, rows: list[SamplingRow]) -> None:
+        """Rows with a grammar keep only the tokens it allows next; the batch's bitmasks are filled together."""
+        if self._bitmasks is None:
+            if all(row.params.grammar is None for row in rows):
+                return
+            self._bitmasks = BitmaskFiller(self.vocab_size, self.eos_token_ids)
+        apply_grammar(scores, rows, self._bitmasks)
 
     def _apply_min_tokens(self, scores: torch.Tensor, rows: list[SamplingRow]) -> None:
         # With ignore_eos the eos tokens end nothing, so banning them would only distort.
@@ -136,6 +149,7 @@ def _is_plain_greedy(row: SamplingRow) -> bool:
         and params.logprobs is None
         and params.logit_bias is None
         and params.output_prefix is None
+        and params.grammar is None
         and params.repetition_penalty == 1.0
         and not params.presence_penalty
         and not params.frequency_penalty

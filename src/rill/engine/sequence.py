@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +44,7 @@ class Sequence:
         input_open: bool = False,
         respond_per_chunk: bool = False,
         start_after_tokens: int | None = 1,
+        matcher: Any = None,
     ):
         self.request_id = request_id
         self.index = index
@@ -63,6 +64,7 @@ class Sequence:
         self.max_tokens = max_tokens  # output budget: params.max_tokens capped by the model length
         self.detokenizer = detokenizer
         self.generator = generator
+        self.matcher = matcher  # params.grammar's llguidance matcher, advanced per committed token
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None

@@ -16,6 +16,7 @@ from typing import Any
 
 from rill.errors import ValidationError
 from rill.openai import sse
+from rill.openai.constraints import output_constraint, tool_call_constraint
 from rill.openai.errors import ApiError, bad_request
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
 from rill.openai.logprobs import chat_logprobs
@@ -30,6 +31,7 @@ from rill.openai.serving import RequestTrace, Serving, api_error, decode_body, f
 from rill.openai.tool_parser import ToolCallEvent, ToolCallStreamer, coalesce, is_json_object, new_call_id
 from rill.outputs import RequestDelta, TokenLogprob
 from rill.sampling_params import SamplingParams
+from rill.structured import GrammarSpec
 
 Deltas = AsyncIterator[tuple[int, RequestDelta]]  # (prompt index, delta), as Serving.run yields them
 
@@ -78,11 +80,11 @@ def chat_job(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) 
     """The checks a chat request passes however its prompt arrives (whole, or streamed in:
     rill.openai.streaming); its prompt_ids are the caller's to fill."""
     model = serving.check_model(req.model)
-    _check_supported(req)
     tools, forced = _tool_setup(serving, req)
     params = _sampling_params(serving, req)
     if forced is not None and forced.output_text:
         params.output_prefix = forced.output_text
+    params.grammar = serving.compile_grammar(_constraint(serving, req, forced))
     parse_tools = tools is not None and serving.options.tool_call_parser is not None
     return ChatJob(req, trace, model, [], params, parse_tools, forced, _echo(req), int(time.time()), tools)
 
@@ -100,10 +102,14 @@ def render_prompt(serving: Serving, job: ChatJob, messages: list[dict[str, Any]]
 # -- validation --------------------------------------------------------------------------------------------
 
 
-def _check_supported(req: ChatCompletionRequest) -> None:
-    if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request(f"response_format {req.response_format.type!r} is not supported: rill has no guided "
-                          "decoding; ask for JSON in the prompt instead", "response_format", "unsupported")
+def _constraint(serving: Serving, req: ChatCompletionRequest, forced: ForcedPrefix | None,
+                ) -> tuple[GrammarSpec, str] | None:
+    """A forced tool call's grammar, else response_format's or structured_outputs' (a forced call is the
+    whole answer, so the format of a text answer does not apply to it)."""
+    if forced is None:
+        return output_constraint(req)
+    name = None if req.tool_choice == "required" else req.tool_choice.function.name
+    return tool_call_constraint(req.tools, name, forced.output_text, serving.grammars.special_tags)
 
 
 def _sampling_params(serving: Serving, req: ChatCompletionRequest) -> SamplingParams:

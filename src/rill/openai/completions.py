@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rill.errors import ValidationError
 from rill.openai import sse
+from rill.openai.constraints import output_constraint
 from rill.openai.errors import ApiError, bad_request
 from rill.openai.logprobs import completion_logprobs, echo_logprobs
 from rill.openai.params import completion_sampling_params, echo_only
@@ -61,6 +62,7 @@ def check_completion(serving: Serving, req: CompletionRequest) -> tuple[str, Sam
         serving.check_params(params)
     except ValidationError as exc:
         raise sampling_error(exc, {}) from exc
+    params.grammar = serving.compile_grammar(output_constraint(req))
     return model, params
 
 

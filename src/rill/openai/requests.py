@@ -65,9 +65,26 @@ class StreamOptions(msgspec.Struct):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str | None = None  # OpenAI requires it; rill needs only the schema
+    description: str | None = None
+    schema: dict[str, Any] | bool | None = None  # None: any JSON value
+    strict: bool | None = None  # rill enforces the schema either way
+
+
 class ResponseFormat(msgspec.Struct):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True):
+    """vLLM's `structured_outputs` (sent through the openai SDK's extra_body): exactly one constraint."""
+
+    json: dict[str, Any] | bool | str | None = None  # a JSON Schema, or its JSON text
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark (llguidance's dialect) or GBNF
+    json_object: bool | None = None
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
@@ -96,6 +113,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -103,7 +122,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True

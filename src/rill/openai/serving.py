@@ -16,6 +16,7 @@ from rill.openai.errors import ApiError, bad_request, from_decode_error, from_ex
 from rill.openai.responses import ModelCard
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
+from rill.structured import Grammar, GrammarCompiler, GrammarSpec
 
 log = logging.getLogger("rill.server")
 
@@ -72,6 +73,7 @@ class Serving:
         self.num_awaiting_first_token = 0
         self._on_done = on_done
         self.created = int(time.time())
+        self._grammars: GrammarCompiler | None = None
 
     # -- checks before a request runs ------------------------------------------------------------------
 
@@ -107,6 +109,18 @@ class Serving:
         if params.n > max_n:
             raise ValidationError(f"n is {params.n}; this server runs at most {max_n} sequences at once "
                                   "(--max-num-seqs)", "n", "invalid_value")
+
+    def compile_grammar(self, constraint: tuple[GrammarSpec, str] | None) -> Grammar | None:
+        """The compiled grammar of a (spec, request field) pair, from the cache when it was seen before;
+        a 400 naming the field when it cannot be enforced."""
+        return None if constraint is None else self.grammars.compile(*constraint)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Made on first use: its vocabulary table costs about a second for a 150k vocabulary."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.engine.core.eos_token_ids)
+        return self._grammars
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str) -> None:
         try:
