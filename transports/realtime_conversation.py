@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from rill.errors import ValidationError
+from rill.openai.constraints import forced_call_constraint
 from rill.openai.errors import ApiError
 from rill.openai.serving import Serving
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
@@ -96,9 +97,20 @@ class Settings:
         try:
             params = SamplingParams.from_generation_config(serving.generation_config, **fields)
             serving.check_params(params)
+            params.grammar = serving.compile_grammar(self._forced_call(serving))
         except ValidationError as exc:
             raise RealtimeError(exc.code, exc.message, f"session.{exc.param}") from exc
         return params
+
+    def _forced_call(self, serving: Serving):
+        """A forced call's grammar (rill.openai.constraints): its arguments fit the function's parameters."""
+        if not self.tool_prefix:
+            return None
+        name = None if self.tool_choice == "required" else self.tool_choice.name
+        functions = [(t.name, t.parameters) for t in self.tools]
+        output_text = self.forced(serving.tokenizer).output_text
+        return forced_call_constraint(functions, name, output_text, serving.grammars.special_tags,
+                                      "tools[{}].parameters")
 
     def max_tokens(self, options: ResponseOptions | None) -> int | None:
         if options is not None:

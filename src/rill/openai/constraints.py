@@ -59,20 +59,23 @@ def _structured_outputs(so: StructuredOutputs) -> tuple[GrammarSpec, str]:
 
 def tool_call_constraint(tools: list[Tool], name: str | None, output_text: str,
                          tags: frozenset[str]) -> tuple[GrammarSpec, str]:
+    """A forced Hermes call on chat completions (see forced_call_constraint)."""
+    functions = [(t.function.name, t.function.parameters) for t in tools]
+    return forced_call_constraint(functions, name, output_text, tags, "tools[{}].function.parameters")
+
+
+def forced_call_constraint(functions: list[tuple[str, dict | None]], name: str | None, output_text: str,
+                           tags: frozenset[str], param: str) -> tuple[GrammarSpec, str]:
     """A forced Hermes call: the output starts with `output_text` (the part of the call's start that
     the prompt does not hold, rill.openai.forced_prefix), then the named function's arguments (or any
-    tool's name and its arguments, for tool_choice "required"), then the call's end."""
-    indexed = [(i, t) for i, t in enumerate(tools) if name is None or t.function.name == name]
-    params = [f"tools[{i}].function.parameters" for i, _ in indexed]
-    schemas = [_parameters(t) for _, t in indexed]
+    function's name and its arguments, for tool_choice "required"), then the call's end. `param` is
+    the parameters' field, formatted with the function's index."""
+    indexed = [(i, f) for i, f in enumerate(functions) if name is None or f[0] == name]
+    params = [param.format(i) for i, _ in indexed]
+    schemas = [specs.ANY_OBJECT if f[1] is None else f[1] for _, f in indexed]  # none declared: any object
     if name is not None:  # the prompt (and output_text) already hold the name and `"arguments": `
         options = [("", schemas[0])]
-    else:  # the start ends in `{"name": "`: each option writes a name, then that tool's arguments
-        options = [(json.dumps(t.function.name, ensure_ascii=False)[1:] + ', "arguments": ', schema)
-                   for (_, t), schema in zip(indexed, schemas)]
-    return specs.tool_call(output_text, options, CALL_TAIL, params, tags), "tools"
-
-
-def _parameters(tool: Tool) -> dict:
-    """A function's parameter schema; one that declares none takes any JSON object (OpenAI's default)."""
-    return tool.function.parameters if tool.function.parameters is not None else specs.ANY_OBJECT
+    else:  # the start ends in `{"name": "`: each option writes a name, then that function's arguments
+        options = [(json.dumps(f[0], ensure_ascii=False)[1:] + ', "arguments": ', schema)
+                   for (_, f), schema in zip(indexed, schemas)]
+    return specs.tool_call(output_text, options, CALL_TAIL, params, tags), param.split("[")[0]
