@@ -172,12 +172,12 @@ class AsyncEngine:
             steps, self._outbox_steps = self._outbox_steps, 0
             stats, self._drain_scheduled = self._outbox_stats, False
         self.num_delivered_steps += steps
+        self.num_deliveries += bool(deltas or steps)  # a snapshot alone (an idle engine's abort) is no delivery
         self._deliver(coalesce(deltas) if steps > 1 else deltas, stats)
 
     def _deliver(self, deltas: list[RequestDelta], stats) -> None:
         # Runs in the trio thread, once per drain (one or more engine steps).
         self.stats = stats
-        self.num_deliveries += 1
         for delta in deltas:
             send = self._streams.get(delta.request_id)
             if send is None:
