@@ -230,12 +230,13 @@ async def test_named_tool_choice_streams_the_call_name_first(model_dir):
     assert first["function"]["name"] == "get_weather"
     assert all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in calls[1:])
     arguments = "".join(c["function"].get("arguments", "") for c in calls)
-    # A random model's arguments are no JSON object: the answer is its raw text (the forced start
-    # included), with no call, as vLLM answers; the stream's terminal chunk says "length", not "tool_calls".
+    # A forced call is constrained to the tool's parameter schema (structured outputs), so even a
+    # random model's arguments are a JSON object that validates, streamed and not.
     choice = whole["choices"][0]
-    assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "length"
-    assert choice["message"]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": ' + arguments
-    assert frames[-2].json["choices"][0]["finish_reason"] == "length"
+    (call,) = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "tool_calls" and call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"]), dict) and isinstance(json.loads(arguments), dict)
+    assert frames[-2].json["choices"][0]["finish_reason"] == "tool_calls"
 
 
 async def test_app_opens_its_own_engine_for_its_lifetime(model_dir, caplog):
