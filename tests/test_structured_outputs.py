@@ -12,6 +12,7 @@ import openai
 import pydantic
 import pytest
 import torch
+import trio
 
 from helpers_server import one_torch_thread, running_server  # noqa: F401
 from rill.assets import RILL_TINY_DIR
@@ -425,3 +426,29 @@ async def test_realtime_forced_call_arguments_validate():
                     assert event["type"] != "error", event
     (call,) = [item for item in event["response"]["output"] if item["type"] == "function_call"]
     jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
+
+
+async def test_streaming_input_sessions_take_response_format_in_mode_a_and_mode_b():
+    """A prompt that arrives in pieces is constrained the same way once it answers."""
+    import httpx
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    first = {"messages": ask("Describe"), "response_format": fmt, "temperature": 0, "max_tokens": 100}
+    async with running_server(RILL_TINY_DIR) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        chunks = [{"sequence_id": i, "payload": word} for i, word in enumerate([" a", " person."])]
+        body = "\n".join(json.dumps(line) for line in [first, *chunks]) + "\n"
+        mode_a = await http.post("/v1/chat/completions", content=body,
+                                 headers={"content-type": "application/x-ndjson"})
+        assert mode_a.status_code == 200, mode_a.text
+        jsonschema.validate(json.loads(mode_a.json()["choices"][0]["message"]["content"]), PERSON)
+
+        created = await http.post("/v1/streaming_input/sessions", json=first)
+        session_id = created.json()["session_id"]
+        for chunk in chunks:
+            assert (await http.post(f"/v1/streaming_input/sessions/{session_id}/chunks", json=chunk)).status_code == 202
+        await http.post(f"/v1/streaming_input/sessions/{session_id}/finish")
+        result = await http.get(f"/v1/streaming_input/sessions/{session_id}/result")
+        while result.status_code == 202:
+            await trio.sleep(0.05)
+            result = await http.get(f"/v1/streaming_input/sessions/{session_id}/result")
+        jsonschema.validate(json.loads(result.json()["choices"][0]["message"]["content"]), PERSON)
