@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, text in (
         ("train-tiny", "rill.tiny.train", "train rill-tiny from scratch (see its --help)"),
         ("eval-tiny", "rill.tiny.evaluate", "held-out accuracy of rill-tiny per task family"),
-        ("bench", "rill.bench", "benchmarks: throughput, streaming-input, scheduler (see --help)"),
+        ("bench", "rill.bench", "benchmarks: throughput, streaming-input, scheduler, serve, soak (see --help)"),
     ):
         p = sub.add_parser(name, help=text, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -4,6 +4,7 @@
     rill bench streaming-input  time to first token after streamed input vs. the whole prompt
     rill bench throughput       output tokens/s: rill's continuous batching vs. transformers generate
     rill bench serve            concurrent streaming clients against a server: latency vs. concurrency
+    rill bench soak             minutes of mixed traffic against `rill serve`: no 5xx, no leaks, RSS growth
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -21,6 +22,7 @@ COMMANDS = {
     "streaming-input": ("streaming_input", "TTFT after streamed input vs. the whole prompt at once"),
     "throughput": ("throughput", "output tokens/s vs. Hugging Face transformers generate"),
     "serve": ("serve", "concurrent streaming clients against a server: TTFT, inter-token latency, tokens/s"),
+    "soak": ("soak", "minutes of mixed traffic against rill serve: errors by kind, 5xx, leaks, RSS growth"),
 }
 
 
@@ -49,4 +51,4 @@ def main(argv: list[str] | None = None) -> int:
     png_file = png_path(args)
     bench.plot(result, png_file)
     print(f"wrote {json_file} and {png_file}")
-    return 0
+    return 0 if result.get("passed", True) else 1  # soak fails on a 5xx or a leak
