@@ -8,12 +8,13 @@ chat (JSON and SSE), completions, Mode A (whole and dropped mid-upload), Mode B 
 or deleted, or abandoned), realtime (read to the end, cancelled, dropped mid-response), client
 disconnects mid-stream and bad inputs; each request has --request-timeout-s.
 
-Measured: requests by kind and outcome (2xx, each 4xx, 5xx, dropped on purpose, timeout, connection
-error, an answer the protocol does not allow); the server's RSS (/proc/PID/status) after a warm-up round of every kind, every --sample-s,
-and at the end; and once the traffic has stopped and the sessions' timeout has passed, /metrics:
-requests running or waiting, parked sessions, KV blocks in use, streaming sessions open. Exit
-status 1 when any 5xx happened (seen by a client or counted by the server), anything leaked, or
-the server died.
+Measured: requests by kind and outcome (2xx, each 4xx, 5xx, dropped on purpose, timeout,
+connection error, an answer the protocol does not allow); the server's RSS (/proc/PID/status)
+after a warm-up round of every kind, every --sample-s, and at the end; and once the traffic has
+stopped and the sessions' timeout has passed, /metrics (requests running or waiting, parked
+sessions, KV blocks in use, streaming sessions open) and the server's log (realtime connections
+still open, ERROR lines, tracebacks). Exit status 1 when any 5xx happened (seen by a client or
+counted by the server), anything was left, or the server died.
 """
 
 from __future__ import annotations
