@@ -4,7 +4,9 @@
     rill bench streaming-input  time to first token after streamed input vs. the whole prompt
     rill bench throughput       output tokens/s: rill's continuous batching vs. transformers generate
     rill bench serve            concurrent streaming clients against a server: latency vs. concurrency
+    rill bench structured       engine step time at batch 1/16/64 with and without a JSON schema constraint
     rill bench soak             minutes of mixed traffic against `rill serve`: no 5xx, no leaks, RSS growth
+    rill bench scale            open sessions and concurrent SSE streams one process holds, memory per session
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -22,7 +24,9 @@ COMMANDS = {
     "streaming-input": ("streaming_input", "TTFT after streamed input vs. the whole prompt at once"),
     "throughput": ("throughput", "output tokens/s vs. Hugging Face transformers generate"),
     "serve": ("serve", "concurrent streaming clients against a server: TTFT, inter-token latency, tokens/s"),
+    "structured": ("structured", "engine step time with and without a JSON schema constraint, rill-tiny"),
     "soak": ("soak", "minutes of mixed traffic against rill serve: errors by kind, 5xx, leaks, RSS growth"),
+    "scale": ("scale", "10,000 open sessions and 1,000 concurrent SSE streams in one rill serve: memory, errors"),
 }
 
 

@@ -67,14 +67,15 @@ def add_arguments(p) -> None:
 
 
 @contextmanager
-def server_process(args, log_path: Path):
+def server_process(args, log_path: Path, extra_flags: tuple[str, ...] | list[str] = ()):
     """`rill serve` in a subprocess; yields (process, base URL) once it listens, then stops it."""
     cmd = [sys.executable, "-m", "rill", "serve", resolve_model(args.model, args.cache_dir, args.seed),
            "--host", "127.0.0.1", "--port", "0", "--served-model-name", args.model,
            "--session-timeout-sec", str(args.session_timeout_s), "--max-body-bytes", str(args.max_body_bytes),
            "--shutdown-grace-s", "2", "--log-level", "info"]
-    if args.num_kv_blocks is not None:
+    if getattr(args, "num_kv_blocks", None) is not None:
         cmd += ["--num-kv-blocks", str(args.num_kv_blocks)]
+    cmd += list(extra_flags)
     env = dict(os.environ)
     if args.threads is not None:  # torch in the server takes its intra-op thread count from this
         env["OMP_NUM_THREADS"] = str(args.threads)
