@@ -89,6 +89,8 @@ async def test_storm_of_cut_streams_abandoned_sessions_and_dropped_realtime_leav
                 for _ in range(20):
                     nursery.start_soon(dropped_realtime, ws_url, random.Random(rng.random()))
         await wait_for(lambda: nothing_left(server), seconds=30)
+        metrics = (await client.get("/metrics")).text
+        assert "rill_realtime_connections_open 0.0" in metrics and "rill_streaming_sessions_open 0.0" in metrics
         assert (await client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2})).status_code == 200
 
 

@@ -138,7 +138,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
                       BODY_TIMEOUT=state.server.body_timeout_s)
     app.extensions["rill"] = state
     app.register_blueprint(api)
-    install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)
+    hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)
+    state.metrics.attach_realtime(hub)
     _install_streaming_input(app, state)
     app.register_error_handler(HTTPException, _http_error)
     if engine is not None:

@@ -71,6 +71,17 @@ class _SessionCollector:
             yield CounterMetricFamily(name, text, value=value)
 
 
+class _RealtimeCollector:
+    """Realtime connections open on both listeners (the hub's one count), read at scrape time."""
+
+    def __init__(self, hub):
+        self.hub = hub
+
+    def collect(self):
+        yield GaugeMetricFamily("rill_realtime_connections_open", "Realtime WebSocket connections open (both listeners).",
+                                value=self.hub.num_connections)
+
+
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -90,6 +101,9 @@ class Metrics:
     def attach(self, engine) -> None:
         self._engine = engine
         self.registry.register(_EngineCollector(engine))
+
+    def attach_realtime(self, hub) -> None:
+        self.registry.register(_RealtimeCollector(hub))
 
     def attach_sessions(self, manager) -> None:
         self._sessions = manager
