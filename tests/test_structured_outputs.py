@@ -8,6 +8,7 @@ import json
 import re
 
 import jsonschema
+import msgspec
 import openai
 import pydantic
 import pytest
@@ -20,6 +21,8 @@ from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.engine.sampler import Sampler, SamplingRow
 from rill.errors import ValidationError
+from rill.openai.constraints import strict_tools_constraint
+from rill.openai.requests import Tool
 from rill.sampling_params import SamplingParams
 from rill.structured import GrammarCompiler, specs
 from rill.structured.bitmask import BitmaskFiller
@@ -452,3 +455,163 @@ async def test_streaming_input_sessions_take_response_format_in_mode_a_and_mode_
             await trio.sleep(0.05)
             result = await http.get(f"/v1/streaming_input/sessions/{session_id}/result")
         jsonschema.validate(json.loads(result.json()["choices"][0]["message"]["content"]), PERSON)
+
+
+# -- strict tools under tool_choice "auto": text, or calls whose strict arguments fit ------------------------
+
+CITY_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def auto_spec(compiler, tools: list[dict], parallel: bool = True):
+    spec, _ = strict_tools_constraint([msgspec.convert(t, Tool) for t in tools], parallel, compiler.special_tags)
+    return spec
+
+
+def hermes_call(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+def test_auto_with_a_strict_tool_accepts_a_valid_call_then_only_another_or_the_end(compiler, tokenizer):
+    matcher = walk(compiler, tokenizer, auto_spec(compiler, [CITY_WEATHER]),
+                   hermes_call("get_weather", '{"city": "Paris"}'))
+    assert matcher is not None and matcher.is_accepting()
+    assert tokenizer.decode(allowed_ids(compiler, matcher)) == "\n"  # and eos: the next call's line, or the end
+
+
+def test_auto_refuses_a_strict_call_with_an_extra_key_or_a_missing_one(compiler, tokenizer):
+    spec = auto_spec(compiler, [CITY_WEATHER])
+    assert walk(compiler, tokenizer, spec, hermes_call("get_weather", '{"city": "Paris", "unit": "c"}')) is None
+    assert walk(compiler, tokenizer, spec, hermes_call("get_weather", '{"unit": "c"}')) is None
+    assert walk(compiler, tokenizer, spec, hermes_call("get_time", '{"city": "Paris"}')) is None  # no such tool
+
+
+def test_auto_accepts_plain_text_and_text_before_calls(compiler, tokenizer):
+    spec = auto_spec(compiler, [CITY_WEATHER])
+    for text in ("2 + 3 is 5.", "Let me look.\n" + hermes_call("get_weather", '{"city": "Rome"}'), ""):
+        matcher = walk(compiler, tokenizer, spec, text)
+        assert matcher is not None and matcher.is_accepting(), text
+
+
+def test_auto_text_never_spells_out_a_call_opening(compiler, tokenizer):
+    """The parser would read `<tool_call>` written letter by letter as a call the grammar never checked."""
+    spec = auto_spec(compiler, [CITY_WEATHER])
+    assert tokenizer.encode(">")[0] not in allowed_ids(compiler, walk(compiler, tokenizer, spec, "See <tool_call"))
+    opening = tokenizer.encode("<tool_call>")
+    assert len(opening) == 1 and opening[0] in allowed_ids(compiler, walk(compiler, tokenizer, spec, "See "))
+
+
+def test_auto_leaves_other_tags_free_in_text(compiler, tokenizer):
+    """A reasoning model's `<think>` is a tag like these; only the call's opening is held to the grammar."""
+    text = "I know.<tool_response>\n5\n</tool_response> The answer is 5."
+    matcher = walk(compiler, tokenizer, auto_spec(compiler, [CITY_WEATHER]), text)
+    assert matcher is not None and matcher.is_accepting()
+
+
+def test_auto_holds_only_strict_tools_to_their_schema(compiler, tokenizer):
+    spec = auto_spec(compiler, [CITY_WEATHER, PLAIN_WEATHER | {"function": {**PLAIN_WEATHER["function"], "name": "f"}}])
+    assert walk(compiler, tokenizer, spec, hermes_call("f", '{"anything": [1, 2]}')).is_accepting()
+    assert walk(compiler, tokenizer, spec, hermes_call("f", '[1, 2]')) is None  # arguments are an object
+    assert walk(compiler, tokenizer, spec, hermes_call("get_weather", '{"anything": 1}')) is None
+
+
+def test_auto_takes_many_calls_unless_parallel_tool_calls_is_false(compiler, tokenizer):
+    two = hermes_call("get_weather", '{"city": "Paris"}') + "\n" + hermes_call("get_weather", '{"city": "Rome"}')
+    assert walk(compiler, tokenizer, auto_spec(compiler, [CITY_WEATHER]), two).is_accepting()
+    assert walk(compiler, tokenizer, auto_spec(compiler, [CITY_WEATHER], parallel=False), two) is None
+    one = walk(compiler, tokenizer, auto_spec(compiler, [CITY_WEATHER], parallel=False),
+               hermes_call("get_weather", '{"city": "Paris"}') + "\n")
+    assert one.is_stopped()
+
+
+def test_auto_constrains_nothing_without_a_strict_tool(compiler):
+    assert strict_tools_constraint([msgspec.convert(PLAIN_WEATHER, Tool)], True, compiler.special_tags) is None
+
+
+def test_auto_leaves_out_of_text_the_special_tokens_lark_cannot_name():
+    """llguidance's own tokenizer reader makes every added token special, `[INST]` included."""
+    spec = specs.text_or_tool_calls(["<tool_call>", "\n"], [("", {"type": "object"})], ["</tool_call>"], ["p"],
+                                    frozenset({"<tool_call>", "</tool_call>", "<think>", "[INST]"}))
+    assert "tag: </tool_call> | <think>" in spec.text and "[INST]" not in spec.text
+
+
+def assert_answer_fits(message, finish_reason: str, schema: dict) -> None:
+    """Text, or calls whose arguments validate: what strict tools promise under tool_choice "auto" (an
+    answer cut by max_tokens may end inside a call, as on OpenAI)."""
+    assert "<tool_call>" not in (message.content or "")
+    if finish_reason == "length":
+        return
+    assert finish_reason == ("tool_calls" if message.tool_calls else "stop")
+    for call in message.tool_calls or ():
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+# rill-tiny (2026-11-25) calls a tool in the shape its training lists most and answers in text for the others;
+# the tests hold for any model: a call, when made, validates.
+STRICT_PLAIN_WEATHER = {"type": "function", "function": {**PLAIN_WEATHER["function"], "strict": True}}
+
+
+@pytest.mark.parametrize("tool", [CITY_WEATHER, STRICT_PLAIN_WEATHER], ids=["max-length", "plain"])
+@pytest.mark.parametrize("question", ["What's the weather in Paris?", "What is 2 + 3?"], ids=["fits", "does-not-fit"])
+async def test_auto_with_a_strict_tool_answers_in_text_or_a_valid_call(client, question, tool):
+    for seed in range(4):
+        out = await client.chat.completions.create(
+            model=str(RILL_TINY_DIR), messages=ask(question), tools=[tool], temperature=1.0, seed=seed,
+            max_tokens=80)
+        assert_answer_fits(out.choices[0].message, out.choices[0].finish_reason, tool["function"]["parameters"])
+
+
+@pytest.mark.parametrize("tool", [CITY_WEATHER, STRICT_PLAIN_WEATHER], ids=["max-length", "plain"])
+async def test_auto_with_a_strict_tool_streams_calls_that_join_to_valid_arguments(client, tool):
+    for seed in range(4):
+        content, calls, finish = "", {}, None
+        async for chunk in await client.chat.completions.create(
+                model=str(RILL_TINY_DIR), messages=ask("What's the weather in Paris?"), tools=[tool],
+                temperature=1.0, seed=seed, max_tokens=80, stream=True):
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for call in choice.delta.tool_calls or []:
+                    name, arguments = calls.get(call.index, ("", ""))
+                    calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+                finish = choice.finish_reason or finish
+        message = openai.types.chat.ChatCompletionMessage(role="assistant", content=content, tool_calls=[
+            {"id": str(i), "type": "function", "function": {"name": name, "arguments": arguments}}
+            for i, (name, arguments) in calls.items()] or None)
+        assert_answer_fits(message, finish, tool["function"]["parameters"])
+
+
+async def test_auto_with_a_strict_tool_it_cannot_enforce_is_a_400_and_without_strict_is_not(client):
+    parameters = {"type": "object", "if": {}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    out = await client.chat.completions.create(model=str(RILL_TINY_DIR), messages=ask("hi"), tools=tools, max_tokens=3)
+    assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    tools[0]["function"]["strict"] = True
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model=str(RILL_TINY_DIR), messages=ask("hi"), tools=tools, max_tokens=3)
+    assert caught.value.body["param"] == "tools[0].function.parameters" and "if" in caught.value.body["message"]
+
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_auto_call_pushed_by_logit_bias_still_validates(client, tokenizer, stream):
+    """A bias towards `<tool_call>` makes any model open a call; the grammar keeps its arguments valid."""
+    (opening,) = tokenizer.encode("<tool_call>")
+    for seed in range(3):
+        kwargs = dict(model=str(RILL_TINY_DIR), messages=ask("What's the weather in Paris?"), tools=[CITY_WEATHER],
+                      parallel_tool_calls=False, logit_bias={str(opening): 100}, temperature=1.0, seed=seed,
+                      max_tokens=120)
+        if stream:
+            arguments, finish = "", None
+            async for chunk in await client.chat.completions.create(stream=True, **kwargs):
+                for choice in chunk.choices:
+                    arguments += "".join(c.function.arguments or "" for c in choice.delta.tool_calls or [])
+                    finish = choice.finish_reason or finish
+        else:
+            out = await client.chat.completions.create(**kwargs)
+            (call,) = out.choices[0].message.tool_calls
+            arguments, finish = call.function.arguments, out.choices[0].finish_reason
+        jsonschema.validate(json.loads(arguments), CITY_WEATHER["function"]["parameters"])
+        assert finish == "tool_calls"

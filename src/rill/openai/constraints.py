@@ -1,6 +1,7 @@
 """Which grammar, if any, a request's output must match: response_format, vLLM's structured_outputs,
-or a tool call that tool_choice forces (its wrapper in the model's Hermes format, its arguments
-valid against the function's parameters). Compiled through Serving.compile_grammar, so an invalid
+a tool call that tool_choice forces (its wrapper in the model's Hermes format, its arguments valid
+against the function's parameters), or, under tool_choice "auto" with `strict: true` tools, text or
+calls whose strict arguments are valid. Compiled through Serving.compile_grammar, so an invalid
 schema, regex or grammar is a 400 naming its field before anything runs."""
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ import json
 
 from rill.openai.errors import bad_request
 from rill.openai.requests import SamplingFields, StructuredOutputs, Tool
-from rill.openai.tool_parser import TOOL_CALL_END
+from rill.openai.tool_parser import TOOL_CALL_END, TOOL_CALL_START
 from rill.structured import GrammarSpec, specs
 
+# A whole Hermes call's start, as forced_prefix.call_start(None) writes it: the block opens, then the
+# object that holds the name and arguments, up to the name's first character.
+CALL_HEAD = [TOOL_CALL_START, '\n{"name": "']
 # What follows a Hermes call's arguments: the object that holds name and arguments closes, then the block.
 CALL_TAIL = ["}\n", TOOL_CALL_END]
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -76,6 +80,29 @@ def forced_call_constraint(functions: list[tuple[str, dict | None]], name: str |
     if name is not None:  # the prompt (and output_text) already hold the name and `"arguments": `
         options = [("", schemas[0])]
     else:  # the start ends in `{"name": "`: each option writes a name, then that function's arguments
-        options = [(json.dumps(f[0], ensure_ascii=False)[1:] + ', "arguments": ', schema)
-                   for (_, f), schema in zip(indexed, schemas)]
+        options = [(_name_rest(f[0]), schema) for (_, f), schema in zip(indexed, schemas)]
     return specs.tool_call(output_text, options, CALL_TAIL, params, tags), param.split("[")[0]
+
+
+def strict_tools_constraint(tools: list[Tool], parallel: bool, tags: frozenset[str]) -> tuple[GrammarSpec, str] | None:
+    """tool_choice "auto" with at least one `strict: true` tool: the answer is text, or (after text or
+    not) Hermes calls in which a strict function's arguments are valid against its parameters and any
+    other function's are a JSON object, as OpenAI's strict mode promises. None (nothing constrained, as
+    without strict tools) when the model's `<tool_call>` is not a special token: text could not end
+    where a spelled-out call begins (specs.text_or_tool_calls)."""
+    if not any(t.function.strict for t in tools) or TOOL_CALL_START not in tags:
+        return None
+    options = [(_name_rest(t.function.name), _strict_schema(t)) for t in tools]
+    params = [f"tools[{i}].function.parameters" for i in range(len(tools))]
+    return specs.text_or_tool_calls(CALL_HEAD, options, CALL_TAIL, params, tags, one_call=not parallel), "tools"
+
+
+def _strict_schema(tool: Tool) -> dict:
+    """What a call's arguments must match: a strict function's parameters, else any object."""
+    parameters = tool.function.parameters
+    return parameters if tool.function.strict and parameters is not None else specs.ANY_OBJECT
+
+
+def _name_rest(name: str) -> str:
+    """A call's text after `{"name": "`: the rest of the name, then the arguments' key."""
+    return json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": '

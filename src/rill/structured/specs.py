@@ -9,6 +9,7 @@ schema share one compiled grammar however their JSON was laid out.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -21,12 +22,14 @@ from rill.errors import ValidationError
 # small model given the choice of blanks can write them until max_tokens.
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# A special token Lark can write by name (`<think>`, `<|im_end|>`); others (`[INST]`) are left out of free text.
+_BY_NAME = re.compile(r"<[^<>\s]+>")
 
 
 class GrammarSpec(msgspec.Struct, frozen=True):
     """A grammar's llguidance text, and what the request asked for (for messages and metrics)."""
 
-    kind: str  # json_schema, json_object, regex, choice, grammar, tool_call
+    kind: str  # json_schema, json_object, regex, choice, grammar, tool_call, text_or_tool_calls
     text: str
 
 
@@ -71,18 +74,47 @@ def tool_call(head: str, options: list[tuple[str, Any]], tail: list[str], params
     the `tail` parts: a tool call whose wrapper is the model's format and whose arguments fit the
     function. params[i] names options[i]'s schema in errors; parts in `tags` are special tokens
     (rill.structured.vocab.special_tags), written by name."""
-    ending = " ".join(part if part in tags else _literal(part) for part in tail)
-    rules = [f"start: {_literal(head)} call {ending}" if head else f"start: call {ending}"]
-    alternatives = []
+    start = f"start: {_literal(head)} call {_parts(tail, tags)}" if head else f"start: call {_parts(tail, tags)}"
+    return GrammarSpec("tool_call", "\n".join([start, *_call_rules(options, params)]))
+
+
+def text_or_tool_calls(head: list[str], options: list[tuple[str, Any]], tail: list[str], params: list[str],
+                       tags: frozenset[str], one_call: bool = False) -> GrammarSpec:
+    """Free text, then (or instead) tool calls one per line, each the `head` parts, one of `options` and
+    the `tail` parts as in tool_call: tool_choice "auto" with strict tools, where the model may answer
+    in text but a call it makes must fit. head[0], the call's opening, must be a special token (in
+    `tags`): free text never holds it, not even spelled out, so every call the tool-call parser finds is
+    one the grammar constrained. (Spelled as text, the opening could not end the free text: llguidance's
+    lexer is greedy.) The model's other tags stay free, so a reasoning model can still write `<think>`."""
+    others = sorted(tag for tag in tags - {head[0]} if _BY_NAME.fullmatch(tag))
+    calls = "tool_call" if one_call else 'tool_call ("\\n" tool_call)*'
+    # TEXT never follows TEXT: the lexer would end one where the opening's last letter begins the next.
+    rules = [f"start: TEXT? {'(tag TEXT?)* ' if others else ''}calls?",
+             f'calls: {calls} "\\n"?',  # Hermes writes a newline between calls, and may end on one
+             f"tool_call: {_parts(head, tags)} call {_parts(tail, tags)}",
+             *_call_rules(options, params),
+             f"TEXT: /(?s:.+)/ & ~(/(?s:.*)/ {_literal(head[0])} /(?s:.*)/)"]
+    if others:
+        rules.append("tag: " + " | ".join(others))
+    return GrammarSpec("text_or_tool_calls", "\n".join(rules))
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+
+def _call_rules(options: list[tuple[str, Any]], params: list[str]) -> list[str]:
+    """`call`, one of the options: its literal (a function's name), then its arguments' JSON."""
+    rules, alternatives = [], []
     for i, ((literal, schema), param) in enumerate(zip(options, params)):
         schema = _checked_schema(_schema_object(schema, param), param)
         rules.append(f"args_{i}: %json " + json.dumps(_with_options(schema), ensure_ascii=False))
         alternatives.append(f"{_literal(literal)} args_{i}" if literal else f"args_{i}")
-    rules.insert(1, "call: " + " | ".join(alternatives))
-    return GrammarSpec("tool_call", "\n".join(rules))
+    return ["call: " + " | ".join(alternatives), *rules]
 
 
-# -- helpers ----------------------------------------------------------------------------------------------
+def _parts(parts: list[str], tags: frozenset[str]) -> str:
+    """Lark for text in parts: a special token by name, anything else as a string."""
+    return " ".join(part if part in tags else _literal(part) for part in parts)
 
 
 def _schema_object(schema: Any, param: str) -> dict[str, Any]:
