@@ -136,6 +136,24 @@ def test_tool_json_tokens_stream_exactly_and_still_commit_early(tokenizers, cuts
     assert early and encoder.num_pending_chars <= len(" done")
 
 
+HAZARD_TEXT = ('We said, "strict": true to it, then Correctly extracted `GetWeather` with all the required '
+               'parameters with correct types, and so on, until done')
+
+
+@given(cuts=st.lists(st.integers(0, len(HAZARD_TEXT)), max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_added_tokens_across_words_stream_exactly_and_the_text_still_commits_early(tokenizers, cuts):
+    """rill-tiny's recipe adds tokens that span words (', "strict": true', 'Correctly extracted `'):
+    a cut right after the start of one waits, every other cut commits as before."""
+    tokenizer = tokenizers["letter_digit"]
+    assert splits_at_words(tokenizer)
+    whole = tokenizer.encode(HAZARD_TEXT, add_special_tokens=False)
+    assert streamed_ids(tokenizer, "", pieces(HAZARD_TEXT, cuts)) == whole
+    encoder = IncrementalEncoder(tokenizer, add_special_tokens=False)
+    early = [i for word in HAZARD_TEXT.split(" ") for i in encoder.feed(word + " ")]
+    assert early and encoder.num_pending_chars <= len(" until done ")
+
+
 @pytest.mark.parametrize("name", ["byte_fallback", "sentencepiece"])
 def test_the_bos_a_tokenizer_adds_comes_once_before_the_first_ids(tokenizers, name):
     tokenizer = tokenizers[name]

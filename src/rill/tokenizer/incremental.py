@@ -12,7 +12,10 @@ Llama 3 and Qwen regexes, sentencepiece's `▁` words) or a token spans it (Llam
 letter or digit closes the piece the cut lies in (rill-tiny's pieces run from one letter or digit
 to the next), so the BPE inside it is settled; BPE never merges across pieces. A vocabulary whose
 tokens span words (BPE without whitespace pre-tokenization) has no final cut: its text commits at
-flush only (`splits_at_words`).
+flush only (`splits_at_words`). Added tokens are matched in the raw text before any of that, so one
+that spans words (rill-tiny's `, "strict": true`) can span a cut only if the text before the cut
+ends with the part of that token before one of its blanks: such cuts wait (`_hazards`), the others
+stay final.
 
 The window starts at the cut before the committed one, so whatever a tokenizer does at the start
 of a text (Llama 2 prepends `▁`) lands on ids already committed, and it stays a few words long.
@@ -47,6 +50,7 @@ class IncrementalEncoder:
         self._tokenizer = tokenizer
         self._lead, self._trail = _special_ids(tokenizer, add_special_tokens)
         self._can_cut = splits_at_words(tokenizer)
+        self._hazards = _hazards(tokenizer) if self._can_cut else ()
         self._window = ""  # committed context, then the pending text
         self._num_context_chars = 0  # window[:n] is committed already
         self.num_committed_tokens = 0
@@ -84,7 +88,8 @@ class IncrementalEncoder:
         """Cut candidates from the committed context on, left to right."""
         if not self._can_cut:
             return []
-        return [m.start() for m in _CUT.finditer(self._window, self._num_context_chars)]
+        cuts = (m.start() for m in _CUT.finditer(self._window, self._num_context_chars))
+        return [c for c in cuts if not any(self._window.endswith(h, 0, c) for h in self._hazards)]
 
     def _count(self, ids: list[int], end: bool = False) -> list[int]:
         if self._lead and (ids or end):  # the lead goes with the text's first ids
@@ -120,9 +125,25 @@ def _special_ids(tokenizer: Tokenizer, add_special_tokens: bool) -> tuple[list[i
 
 @lru_cache(maxsize=8)
 def splits_at_words(tokenizer: Tokenizer) -> bool:
-    """Whether no token of the vocabulary holds a cut point (spans two words). Where merges cross
-    words (a BPE trained without whitespace pre-tokenization) no early cut is safe."""
-    return not any(_CUT.search(text.strip()) for text in _token_texts(tokenizer))
+    """Whether no token of the model's vocabulary holds a cut point (spans two words). Where merges
+    cross words (a BPE trained without whitespace pre-tokenization) no early cut is safe. Added
+    tokens are left to `_hazards`."""
+    added = set(_added_texts(tokenizer))
+    return not any(_CUT.search(text.strip()) for text in _token_texts(tokenizer) if text not in added)
+
+
+@lru_cache(maxsize=8)
+def _hazards(tokenizer: Tokenizer) -> tuple[str, ...]:
+    """For each added token that holds a cut point, its text up to each such cut: a cut right after
+    one of these could end up inside that token once more text arrives."""
+    out = set()
+    for text in _added_texts(tokenizer):
+        out.update(text[:m.start()] for m in _CUT.finditer(text) if m.start() > 0)
+    return tuple(sorted(out))
+
+
+def _added_texts(tokenizer: Tokenizer) -> list[str]:
+    return [token.content for token in tokenizer.added_tokens()]
 
 
 def _token_texts(tokenizer: Tokenizer) -> Iterator[str]:
