@@ -260,3 +260,48 @@ async def test_invalid_utf8_in_a_websocket_text_frame_closes_that_connection_onl
         await wait_for(lambda: realtime_hub(server.app).num_connections == 0)
         async with open_websocket_url(url) as ws:
             assert json.loads(await ws.get_message())["type"] == "session.created"
+
+
+async def test_an_endless_ndjson_body_is_cut_at_the_session_payload_cap(model_dir):
+    """Mode A: a client that never ends its upload is stopped by the payload cap, not left to grow."""
+    config = ServerConfig(streaming_input=StreamingInputConfig(max_payload_bytes_per_session=1024))
+    async with running_server(model_dir, config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sent = 0
+
+        async def endless():
+            nonlocal sent
+            yield json.dumps({"messages": HI, "max_tokens": 4}).encode() + b"\n"
+            for sequence_id in range(100_000):  # bounded: ~4 MB, far past the cap
+                sent += 1
+                yield json.dumps({"sequence_id": sequence_id, "payload": " words" * 6}).encode() + b"\n"
+
+        with trio.fail_after(60):
+            response = await client.post("/v1/chat/completions", content=endless(),
+                                          headers={"content-type": "application/x-ndjson"})
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "session_payload_too_large"
+        assert sent < 100_000
+        await wait_for(lambda: nothing_left(server), seconds=10)
+
+
+async def test_a_websocket_message_flood_is_answered_in_order_and_leaves_nothing(model_dir):
+    """5,000 events sent as fast as the client can: the bounded inbox holds the sender back (TCP
+    backpressure), every event is answered, and the connection and the server stay healthy."""
+    async with running_server(model_dir) as server:
+        async with open_websocket_url(server.url.replace("http", "ws") + "/v1/realtime") as ws:
+            await ws.get_message()  # session.created
+            n = 5000
+            with trio.fail_after(120):
+                async with trio.open_nursery() as nursery:
+                    async def flood():
+                        for i in range(n):
+                            await ws.send_message(json.dumps({"type": "input_text_buffer.clear", "event_id": f"e{i}"}))
+
+                    nursery.start_soon(flood)
+                    answers = 0
+                    while answers < n:
+                        event = json.loads(await ws.get_message())
+                        answers += event["type"] in ("input_text_buffer.cleared", "error")
+        await wait_for(lambda: nothing_left(server), seconds=10)
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            assert (await client.get("/health")).status_code == 200
