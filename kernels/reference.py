@@ -151,7 +151,7 @@ def _gather_rows(cache, ids, which: int, invalid):
     (padding, slots not yet written) are zeroed so that nothing unwritten reaches the softmax."""
     num_blocks, block_size, kv_heads, dim = cache.shape
     row = block_size * kv_heads * dim
-    key = (which, cache.dtype, cache.device)
+    key = (which, cache.dtype, cache.device, torch.is_inference_mode_enabled())  # an inference tensor is read-only outside it
     buffers = getattr(_scratch, "buffers", None)
     if buffers is None:
         buffers = _scratch.buffers = {}

@@ -98,3 +98,16 @@ def test_a_mixed_step_equals_dense_attention(window, heads, kv_heads):
         rows = slice(int(starts[i]), int(starts[i + 1]))
         want = dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 0.25)
         torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_thread_can_attend_inside_and_then_outside_inference_mode():
+    """The gather buffers are reused per thread; one made under inference_mode (an engine step run in
+    the test's own thread) must not be written outside it (it failed tests that ran after one)."""
+    lens = [1, 3, 8, 9, 17, 40]
+    k_cache, v_cache, tables, _ = paged_case(lens, 4, 4, 16, None, seed=1)
+    q = torch.randn(len(lens), 4, 16, generator=torch.Generator().manual_seed(0))
+    args = (q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32),
+            torch.arange(len(lens) + 1, dtype=torch.int32), 0.25, None)
+    with torch.inference_mode():
+        inside = reference.paged_attention(*args).clone()
+    torch.testing.assert_close(reference.paged_attention(*args), inside, rtol=0, atol=0)
