@@ -198,6 +198,25 @@ def test_session_answer_equals_the_whole_prompt_sent_at_once(mistral_dir):
     assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
 
 
+def test_idle_sessions_past_max_num_seqs_yield_their_slots_and_still_answer_exactly(mistral_dir):
+    """More open sessions than max_num_seqs used to fill every slot with idle sessions, so no new
+    request (nor a later session's first chunk) was ever admitted: they waited forever."""
+    p = prompts(7, seed=12, lo=20, hi=21)
+    core = engine(mistral_dir, max_num_seqs=4)
+    for i in range(6):
+        core.open_session(f"s{i}", GREEDY)
+        core.append_input(f"s{i}", p[i])
+    for _ in range(10):
+        core.step()
+    assert len(core.scheduler.running) == 4 and core.scheduler.parked  # idle ones made room
+    assert run(core, {"r": (p[6], GREEDY)}, max_steps=200)["r"] == alone(mistral_dir, p[6])
+    core.finish_input("s0")  # a parked session recomputes its KV and answers as if never parked
+    tokens = []
+    while "s0" in core.requests:
+        tokens += [t for d in core.step() if d.request_id == "s0" for t in d.token_ids]
+    assert tokens == alone(mistral_dir, p[0])
+
+
 def test_session_prefills_while_input_arrives_and_answers_in_one_step(mistral_dir):
     p = prompts(1, seed=9, lo=100, hi=101)[0]
     core = engine(mistral_dir)

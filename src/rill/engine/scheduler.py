@@ -167,7 +167,11 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0:
+            if len(self.running) >= self.max_num_seqs:
+                if not self._preempt_an_idle_session():  # idle sessions yield their slot too, not only KV
+                    break
+                batch.num_preempted += 1
             seq = self.waiting[0]
             # A prompt still to be scored (prompt logprobs) is computed whole: cached blocks would skip it.
             hit = 0 if seq.prompt_logprobs is not None else bm.match_prefix(seq)
