@@ -103,22 +103,33 @@ async def scale(args, url: str, pid: int | None) -> dict:
         with progress(total=args.sessions, desc="open sessions", disable=args.no_progress) as bar:
             ids, out["sessions_refused"] = await open_sessions(client, args.sessions, args.concurrency, bar)
         out["seconds"]["open_sessions"], out["sessions_open"] = time.monotonic() - start, len(ids)
-        await trio.sleep(1.0)  # the engine prefills the first chunks
+        await _until_prefilled(client, args.timeout_s)  # every first chunk is in, idle sessions parked
+        out["seconds"]["prefill_first_chunks"] = time.monotonic() - start - out["seconds"]["open_sessions"]
         out["rss_mb"]["sessions_open"] = rss_mb(pid)
         start = time.monotonic()
         with progress(total=args.streams, desc="streams", disable=args.no_progress) as bar:
             out["stream_outcomes"] = await run_streams(client, args.streams, args.max_tokens, bar)
         out["seconds"]["streams"], out["rss_mb"]["after_streams"] = time.monotonic() - start, rss_mb(pid)
         with progress(total=len(ids), desc="delete sessions", disable=args.no_progress) as bar:
+            limiter = trio.CapacityLimiter(args.concurrency)  # httpx's pool is quadratic in queued requests
             async with trio.open_nursery() as nursery:
                 for session_id in ids:
-                    nursery.start_soon(_delete, client, session_id, bar)
+                    nursery.start_soon(_delete, client, session_id, bar, limiter)
         out["leaks"] = await _settled_leaks(client)
     return out
 
 
-async def _delete(client, session_id: str, bar) -> None:
-    await client.delete(f"{SESSIONS}/{session_id}")
+async def _until_prefilled(client, timeout_s: float) -> None:
+    import trio
+
+    with trio.move_on_after(timeout_s):
+        while parse_metrics((await client.get("/metrics")).text)["rill_num_requests_waiting"]:
+            await trio.sleep(1.0)
+
+
+async def _delete(client, session_id: str, bar, limiter) -> None:
+    async with limiter:
+        await client.delete(f"{SESSIONS}/{session_id}")
     bar.update(1)
 
 
