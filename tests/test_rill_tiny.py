@@ -59,6 +59,37 @@ def test_chat_with_tools_returns_one_call_and_then_uses_the_result(llm):
     assert "<tool_call>" not in plain and plain.strip()
 
 
+_LOCATION_GAP = pytest.mark.xfail(strict=True, reason="known gap: with get_current_weather(location, unit) it "
+                                   "fills `city`, not `location` (weather_call 87% held-out)")
+
+
+@pytest.mark.parametrize("shape", [s if s != "enum_unit" else pytest.param(s, marks=_LOCATION_GAP) for s in evaluate.schemas.PRESETS])
+def test_tools_in_each_framework_shape_get_one_call_and_then_an_answer_from_a_compact_result(llm, shape):
+    """The schemas LangChain, llm, the OpenAI Agents SDK, LlamaIndex and instructor send (and no
+    `required`, an enum parameter, rill's own): the call names the listed tool and its parameter, and
+    JSON.stringify's compact result is read back right."""
+    tools = [evaluate.framework_tool(shape, "weather"), evaluate.framework_tool(shape, "time")]
+    name, param, _ = evaluate.schemas.preset_tool(shape, "weather")
+    question = [{"role": "user", "content": "What's the weather in Tokyo?"}]
+    call = llm.chat(question, GREEDY, tools=tools)[0].outputs[0].text
+    assert evaluate.parse_tool_calls(call) == [{"name": name, "arguments": {param: "Tokyo"}}], call
+    followed = question + [
+        evaluate.tasks.tool_call_message(name, {param: "Tokyo"}),
+        {"role": "tool", "content": '{"temperature_c":2,"condition":"snowy"}'},
+    ]
+    assert llm.chat(followed, GREEDY, tools=tools)[0].outputs[0].text == "It is 2°C and snowy in Tokyo."
+
+
+def test_tools_that_do_not_fit_the_question_get_no_call(llm):
+    style = evaluate.schemas.PRESETS["langchain"]
+    tools = [evaluate.schemas.function_tool("search_web", ("query",), "Search the web for a query.", style)]
+    weather = llm.chat([{"role": "user", "content": "What's the weather in Tokyo?"}], GREEDY, tools=tools)[0].outputs[0].text
+    assert weather == evaluate.tasks.NO_WEATHER_TOOL
+    tools.append(evaluate.framework_tool("langchain", "weather"))
+    sum_ = llm.chat([{"role": "user", "content": "What is 347 + 58?"}], GREEDY, tools=tools)[0].outputs[0].text
+    assert sum_ == evaluate.tasks.arithmetic_answer(347, 58, "+")
+
+
 def test_a_20000_token_session_holds_at_most_window_blocks_plus_two():
     core = EngineCore(EngineConfig(model="rill-tiny", num_kv_blocks=64))
     window, bs = core.window, core.config.block_size
