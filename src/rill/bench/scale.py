@@ -41,7 +41,9 @@ def add_arguments(p) -> None:
 
 def server_flags(args) -> list[str]:
     cap = str(args.sessions + 16)
-    return ["--max-open-sessions", cap, "--max-open-sessions-per-key", cap]
+    # A keep-alive timeout past the phases' pauses, so that pooled connections are not closed under
+    # the client as it reuses them (hypercorn's default is 5 s).
+    return ["--max-open-sessions", cap, "--max-open-sessions-per-key", cap, "--keep-alive-timeout-s", "75"]
 
 
 async def open_sessions(client, n: int, concurrency: int, bar) -> tuple[list[str], int]:
@@ -128,8 +130,16 @@ async def _until_prefilled(client, timeout_s: float) -> None:
 
 
 async def _delete(client, session_id: str, bar, limiter) -> None:
+    import httpx
+
     async with limiter:
-        await client.delete(f"{SESSIONS}/{session_id}")
+        for attempt in range(3):  # DELETE is idempotent: retry a pooled connection the server had just closed
+            try:
+                await client.delete(f"{SESSIONS}/{session_id}")
+                break
+            except httpx.RemoteProtocolError:
+                if attempt == 2:
+                    raise
     bar.update(1)
 
 
