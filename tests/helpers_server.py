@@ -113,3 +113,25 @@ def parse_sse(raw: str) -> list[SSEFrame]:
                 data.append(value)
         frames.append(SSEFrame(event, "\n".join(data)))
     return frames
+
+
+async def realtime_function_call(server: RunningServer, tools: list[dict], tool_choice, question: str) -> dict:
+    """One /v1/realtime exchange: tools and tool_choice set, a user message, response.create;
+    the one function_call item of the response.done that follows (no error event on the way)."""
+    from trio_websocket import open_websocket_url
+
+    async with open_websocket_url(server.url.replace("http", "ws") + "/v1/realtime") as ws:
+        async def send(event: dict) -> None:
+            await ws.send_message(json.dumps(event))
+
+        with trio.fail_after(60):
+            assert json.loads(await ws.get_message())["type"] == "session.created"
+            await send({"type": "session.update", "session": {"tools": tools, "tool_choice": tool_choice,
+                                                              "temperature": 0}})
+            await send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}})
+            await send({"type": "response.create"})
+            while (event := json.loads(await ws.get_message()))["type"] != "response.done":
+                assert event["type"] != "error", event
+    (call,) = [item for item in event["response"]["output"] if item["type"] == "function_call"]
+    return call

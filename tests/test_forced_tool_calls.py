@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from helpers_server import one_torch_thread, running_server  # noqa: F401
+from helpers_server import one_torch_thread, realtime_function_call, running_server  # noqa: F401
 from rill.assets import RILL_TINY_DIR
 from rill.engine.sampler import Sampler, SamplingRow
 from rill.openai.forced_prefix import call_start, split_forced_prefix
@@ -185,24 +185,7 @@ async def test_call_round_trip_answers_from_the_tool_result():
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
 async def test_realtime_forced_call_on_rill_tiny_has_json_arguments(choice):
     """/v1/realtime forces a call the same way: cut on a token boundary, the rest as output_prefix."""
-    import trio
-    from trio_websocket import open_websocket_url
-
     weather = {"type": "function", **GET_WEATHER["function"]}
     async with running_server(RILL_TINY_DIR) as server:
-        async with open_websocket_url(server.url.replace("http", "ws") + "/v1/realtime") as ws:
-            async def send(event: dict) -> None:
-                await ws.send_message(json.dumps(event))
-
-            with trio.fail_after(60):
-                assert json.loads(await ws.get_message())["type"] == "session.created"
-                await send({"type": "session.update", "session": {"tools": [weather], "tool_choice": choice,
-                                                                  "temperature": 0}})
-                await send({"type": "conversation.item.create", "item": {
-                    "type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": "What's the weather in Paris?"}]}})
-                await send({"type": "response.create"})
-                while (event := json.loads(await ws.get_message()))["type"] != "response.done":
-                    assert event["type"] != "error", event
-    (call,) = [item for item in event["response"]["output"] if item["type"] == "function_call"]
+        call = await realtime_function_call(server, [weather], choice, "What's the weather in Paris?")
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}

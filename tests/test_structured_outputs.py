@@ -15,7 +15,7 @@ import pytest
 import torch
 import trio
 
-from helpers_server import one_torch_thread, running_server  # noqa: F401
+from helpers_server import one_torch_thread, realtime_function_call, running_server  # noqa: F401
 from rill.assets import RILL_TINY_DIR
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
@@ -420,26 +420,9 @@ async def test_a_constraint_that_cannot_be_enforced_is_a_400_before_any_stream(c
 
 async def test_realtime_forced_call_arguments_validate():
     """/v1/realtime: a forced call's arguments fit the function's schema, a second required key included."""
-    import trio
-    from trio_websocket import open_websocket_url
-
     weather = {"type": "function", **WEATHER["function"]}
     async with running_server(RILL_TINY_DIR) as server:
-        async with open_websocket_url(server.url.replace("http", "ws") + "/v1/realtime") as ws:
-            async def send(event: dict) -> None:
-                await ws.send_message(json.dumps(event))
-
-            with trio.fail_after(60):
-                assert json.loads(await ws.get_message())["type"] == "session.created"
-                await send({"type": "session.update", "session": {"tools": [weather], "tool_choice": "required",
-                                                                  "temperature": 0}})
-                await send({"type": "conversation.item.create", "item": {
-                    "type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": "What's the weather in Paris?"}]}})
-                await send({"type": "response.create"})
-                while (event := json.loads(await ws.get_message()))["type"] != "response.done":
-                    assert event["type"] != "error", event
-    (call,) = [item for item in event["response"]["output"] if item["type"] == "function_call"]
+        call = await realtime_function_call(server, [weather], "required", "What's the weather in Paris?")
     jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
 
 

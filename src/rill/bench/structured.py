@@ -57,8 +57,6 @@ def _steady_steps(core, prompt: list[int], params, num_seqs: int, steps: int, no
 
 
 def run(args) -> dict:
-    import torch  # noqa: F401 - loaded with the engine
-
     from rill.assets import RILL_TINY_DIR
     from rill.config import EngineConfig
     from rill.engine.core import EngineCore

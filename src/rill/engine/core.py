@@ -15,7 +15,7 @@ from rill.engine.model_runner import ModelRunner
 from rill.engine.prompt_logprobs import prompt_spans
 from rill.engine.sampler import SampledToken, Sampler, make_generator
 from rill.engine.scheduler import ScheduledBatch, Scheduler
-from rill.engine.sequence import FinishReason, Sequence, Status
+from rill.engine.sequence import FinishReason, Sequence
 from rill.engine.stats import EngineStats
 from rill.errors import ValidationError
 from rill.models.loader import load

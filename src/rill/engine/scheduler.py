@@ -72,7 +72,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        bm, running_status, bs = self.block_manager, Status.RUNNING, self.block_manager.block_size
+        running_status, bs = Status.RUNNING, self.block_manager.block_size
         seqs, counts, computed_before, sampling = batch.seqs, batch.num_new_tokens, batch.num_computed, batch.sampling
         # This loop runs for every running sequence on every step, so ScheduledBatch.add is inline
         # for a sequence whose input is complete (the common case; an open streaming session may
