@@ -78,7 +78,7 @@ def test_added_tokens_that_are_not_special_stay_text_the_grammar_can_match(compi
                            ["}\n", "</tool_call>"], ["p"], compiler.special_tags)
     text = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     ids = tokenizer.encode(text, add_special_tokens=False)
-    added = {t.content: i for i, t in tokenizer._backend.get_added_tokens_decoder().items()}
+    added = {t.content: i for i, t in tokenizer.added_tokens_decoder.items()}
     assert {added['{"name": "'], added["</tool_call>"]} <= set(ids)  # the added tokens, as the model writes them
     matcher = walk(compiler, tokenizer, spec, text)
     assert matcher is not None and matcher.is_stopped()
@@ -87,7 +87,7 @@ def test_added_tokens_that_are_not_special_stay_text_the_grammar_can_match(compi
 def test_special_tokens_and_markup_tags_are_never_text(compiler, tokenizer):
     """A JSON string holding `</tool_call>` would end the call early for the tool-call parser."""
     matcher = walk(compiler, tokenizer, specs.regex(r"(?s:.*)", "x"), "")
-    added = {t.content: i for i, t in tokenizer._backend.get_added_tokens_decoder().items()}
+    added = {t.content: i for i, t in tokenizer.added_tokens_decoder.items()}
     never = {added[t] for t in ("<|endoftext|>", "<|im_start|>", "<tool_call>", "</tool_call>")}
     assert not never & set(allowed_ids(compiler, matcher)) and EOS in allowed_ids(compiler, matcher)
     assert compiler.special_tags >= {"<tool_call>", "</tool_call>"}

@@ -212,7 +212,6 @@ class RealtimeConnection:
         self._check_length(turn)
         params = settings.sampling_params(self.serving)
         params.max_tokens = settings.max_output_tokens if per_chunk else None  # respond_at_end: set at finish
-        params.output_prefix = forced.output_text or None
         self.engine.open_session(turn.request_id, params, respond_per_chunk=per_chunk, prompt_token_ids=ids)
         self._turn, self._request_id, self._answer_prompt_tokens = turn, turn.request_id, 0
         self._move(Move.OPEN_INPUT)
@@ -299,7 +298,6 @@ class RealtimeConnection:
         forced = self.settings.forced(tokenizer)
         prompt = tokenizer.encode(text + forced.prompt_text, add_special_tokens=False)
         params = self.settings.sampling_params(self.serving, options)
-        params.output_prefix = forced.output_text or None
         self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
         self.serving.check_ready()
         request_id = self._new_request_id()

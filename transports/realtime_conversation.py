@@ -69,7 +69,7 @@ class Settings:
 
     def forced(self, tokenizer) -> ForcedPrefix:
         """tool_prefix cut on a token boundary: what the prompt ends with, and what the output must
-        begin with (SamplingParams.output_prefix), as chat completions do (rill.openai.forced_prefix)."""
+        begin with (the call's grammar starts there), as chat completions do (rill.openai.forced_prefix)."""
         return split_forced_prefix(tokenizer, self.tool_prefix) if self.tool_prefix else ForcedPrefix("", "")
 
     def update(self, config: SessionConfig, serving: Serving) -> None:

@@ -53,8 +53,8 @@ class ChatJob:
 
     @property
     def tool_prefix(self) -> str:
-        """The part of a forced call's start written after the generation prompt (the rest is
-        params.output_prefix: the model writes it, in its own tokens)."""
+        """The part of a forced call's start written after the generation prompt (the model writes the
+        rest, in its own tokens, as the call's grammar begins)."""
         return self.forced.prompt_text if self.forced else ""
 
     @property
@@ -82,8 +82,6 @@ def chat_job(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) 
     model = serving.check_model(req.model)
     tools, forced = _tool_setup(serving, req)
     params = _sampling_params(serving, req)
-    if forced is not None and forced.output_text:
-        params.output_prefix = forced.output_text
     params.grammar = serving.compile_grammar(_constraint(serving, req, forced))
     parse_tools = tools is not None and serving.options.tool_call_parser is not None
     return ChatJob(req, trace, model, [], params, parse_tools, forced, _echo(req), int(time.time()), tools)

@@ -5,8 +5,9 @@ would cut: rill-tiny writes `", "arguments": {"` as one token, so a prompt endin
 `", "arguments": ` leaves the model inside a token it has never seen split, and it stops or
 writes nonsense. As in token healing, the prompt takes the forced text only up to the last token
 boundary before the first byte where a longer token could begin, and the model's output must
-begin with the rest: SamplingParams.output_prefix, which the sampler enforces by letting through
-only tokens that agree with it, in whichever tokens the model prefers.
+begin with the rest, in whichever tokens the model prefers: the forced call's grammar
+(rill.openai.constraints) starts with it. (SamplingParams.output_prefix enforces the same for a
+caller without a grammar.)
 """
 
 from __future__ import annotations

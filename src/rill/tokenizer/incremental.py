@@ -143,7 +143,7 @@ def _hazards(tokenizer: Tokenizer) -> tuple[str, ...]:
 
 
 def _added_texts(tokenizer: Tokenizer) -> list[str]:
-    return [token.content for token in tokenizer.added_tokens()]
+    return [token.content for token in tokenizer.added_tokens_decoder.values()]
 
 
 def _token_texts(tokenizer: Tokenizer) -> Iterator[str]:

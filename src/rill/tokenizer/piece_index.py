@@ -67,7 +67,5 @@ def piece_index(tokenizer) -> PieceIndex | None:
     """The tokenizer's shared index, or None when its decoder is not plain ByteLevel."""
     if tokenizer not in _INDEXES:
         pieces = tokenizer.byte_pieces(skip_special_tokens=False)
-        model_ids = set(tokenizer.get_vocab(with_added_tokens=False).values())
-        added = frozenset(i for i in range(len(pieces or ())) if i not in model_ids)
-        _INDEXES[tokenizer] = None if pieces is None else PieceIndex(pieces, added)
+        _INDEXES[tokenizer] = None if pieces is None else PieceIndex(pieces, frozenset(tokenizer.added_tokens_decoder))
     return _INDEXES[tokenizer]

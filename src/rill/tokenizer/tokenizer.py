@@ -93,9 +93,10 @@ class Tokenizer:
         (a piece of a character; the detokenizer's UTF-8 decoder joins those)."""
         return self._byte_texts[skip_special_tokens]
 
-    def added_tokens(self) -> list:
-        """The tokens matched in the raw text before the model's own (tokenizers' AddedToken)."""
-        return list(self._backend.get_added_tokens_decoder().values())
+    @property
+    def added_tokens_decoder(self) -> dict:
+        """Id -> tokens' AddedToken for the tokens matched in the raw text before the model's own (as in transformers)."""
+        return self._backend.get_added_tokens_decoder()
 
     def get_vocab(self, with_added_tokens: bool = True) -> dict[str, int]:
         """Token string -> id, as in transformers; without added tokens: the model's own vocabulary."""
