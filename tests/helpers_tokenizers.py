@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -61,7 +62,12 @@ def letter_digit_bpe() -> Tokenizer:
 @lru_cache
 def _byte_fallback_json(vocab_size: int, words: bool = False) -> str:
     """words: sentencepiece's training (pieces never span words) and its `▁` written by a normalizer."""
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=LLAMA_SPECIALS, limit_alphabet=60)
+    # limit_alphabet alone breaks ties between equally frequent characters in hash order, so the kept
+    # alphabet (and which characters fall back to bytes) changed from run to run: name the 60 here.
+    counts = Counter("".join(CORPUS).replace(" ", "▁"))
+    alphabet = [c for c, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:60]]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=LLAMA_SPECIALS, limit_alphabet=60,
+                                  initial_alphabet=alphabet)
     draft = Tokenizer(models.BPE(unk_token="<unk>"))
     draft.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=words)
     if words:
