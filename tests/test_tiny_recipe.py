@@ -122,6 +122,7 @@ def test_framework_presets_reproduce_what_the_frameworks_send(shape):
         "rill": tasks.WEATHER_TOOL,
         "langchain": FRAMEWORK_WEATHER["langchain"], "llm": FRAMEWORK_WEATHER["langchain"],
         "openai_agents": FRAMEWORK_WEATHER["openai_agents"], "llama_index": FRAMEWORK_WEATHER["llama_index"],
+        "llama_index_future": FRAMEWORK_WEATHER["llama_index_future"],
         "instructor": FRAMEWORK_WEATHER["instructor"],
     }
     want["enum_unit"] = FRAMEWORK_WEATHER["enum_unit"]
@@ -143,6 +144,8 @@ FRAMEWORK_WEATHER = {
     "openai_agents": _framework_tool({**{k: v for k, v in _TITLED.items() if k != "type"}, "title": "get_weather_args",
                                       "type": "object", "additionalProperties": False}, strict=True),
     "llama_index": _framework_tool(_TITLED, "get_weather(city: str) -> str\nGet the current weather in a city."),
+    # the same function in a module under `from __future__ import annotations`
+    "llama_index_future": _framework_tool(_TITLED, "get_weather(city: 'str') -> 'str'\nGet the current weather in a city."),
     "instructor": _framework_tool(_TITLED, "Correctly extracted `GetWeather` with all the required parameters with correct types",
                                   name="GetWeather"),
     # langchain's convert_to_openai_tool(get_current_weather(location: str, unit: Literal["celsius", "fahrenheit"] = "celsius"))

@@ -50,7 +50,7 @@ class Style:
     titles: bool = False  # "title": "City" on each parameter
     required: bool = True
     strict: bool = False  # the Agents SDK: "<name>_args" title, additionalProperties false, "strict": true
-    doc: str = "doc"  # "doc", "llama" (signature, newline, doc), "instructor", "none", "null"
+    doc: str = "doc"  # "doc", "llama" (signature, newline, doc), "llama_quoted", "instructor", "none", "null"
     pascal: bool = False  # class names (instructor): GetWeather
     param_docs: bool = False
     enum: bool = False  # a second, optional enum parameter (unit, format)
@@ -63,6 +63,8 @@ PRESETS = {
     "llm": Style(pydantic=True),
     "openai_agents": Style(pydantic=True, titles=True, strict=True),
     "llama_index": Style(pydantic=True, titles=True, doc="llama"),
+    # the same, for functions defined under `from __future__ import annotations`: (city: 'str') -> 'str'
+    "llama_index_future": Style(pydantic=True, titles=True, doc="llama_quoted"),
     "instructor": Style(pydantic=True, titles=True, doc="instructor", pascal=True),
     "no_required": Style(pydantic=True, titles=True, required=False),
     "enum_unit": Style(pydantic=True, enum=True),
@@ -112,7 +114,8 @@ def sample_style(rng: random.Random) -> Style:
     pydantic = rng.random() < 0.7
     return Style(
         pydantic=pydantic, titles=pydantic and rng.random() < 0.5, required=rng.random() < 0.8,
-        strict=rng.random() < 0.25, doc=rng.choice(("doc", "doc", "doc", "llama", "instructor", "none", "null")),
+        strict=rng.random() < 0.25,
+        doc=rng.choice(("doc", "doc", "doc", "llama", "llama_quoted", "instructor", "none", "null")),
         pascal=rng.random() < 0.2, param_docs=rng.random() < 0.2, enum=rng.random() < 0.2,
         sorted_wrapper=rng.random() < 0.1,
     )
@@ -139,11 +142,15 @@ def function_tool(name: str, params: Sequence[str], doc: str | None, style: Styl
 def tool_for(rng: random.Random, kind: str, style: Style, chosen: tuple[str, str, str] | None = None) -> tuple[dict, str, str]:
     """The weather or time tool in this style: (schema, name, the parameter a call fills); `chosen`
     fixes (name, parameter, description), else they are drawn."""
+    if chosen is None and style.enum and rng.random() < 0.5:  # the OpenAI docs' get_current_weather(location, unit)
+        chosen = (style_name(f"get_current_{kind}", style.pascal), ("location" if kind == "weather" else "timezone"),
+                  DOCS[kind][1])
     if chosen is None and rng.random() < 0.3:  # the names and docstrings of the common examples
         name = style_name(rng.choice((f"get_{kind}", f"get_current_{kind}")), style.pascal)
         chosen = (name, rng.choice(PARAMS[kind][:2]), rng.choice(DOCS[kind][:2]))
     if chosen is None:
-        param = PARAMS[kind][0] if rng.random() < 0.6 else rng.choice(PARAMS[kind])
+        # city and location (timezone and tz) about equally: the call must copy the schema's name, not a habit
+        param = rng.choice(PARAMS[kind][:2]) if rng.random() < 0.8 else rng.choice(PARAMS[kind])
         chosen = (sample_name(rng, kind, style), param, rng.choice(DOCS[kind]))
     name, param, doc = chosen
     docs = [rng.choice(PARAM_DOCS[kind])] if style.param_docs else []
@@ -219,6 +226,8 @@ def _description(name: str, params: Sequence[str], doc: str, style: Style) -> st
         return None
     if style.doc == "llama":
         return f"{name}({', '.join(f'{p}: str' for p in params)}) -> str\n{doc}"
+    if style.doc == "llama_quoted":
+        return f"{name}({', '.join(f'{p}: {chr(39)}str{chr(39)}' for p in params)}) -> 'str'\n{doc}"
     if style.doc == "instructor":
         return INSTRUCTOR_DOC.format(name=name)
     return doc
