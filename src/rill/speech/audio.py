@@ -1,0 +1,186 @@
+"""Audio in: encoded files and raw PCM16 to the 16 kHz mono float32 that Whisper-family models hear.
+
+Decoding is libsndfile's (through `soundfile`: WAV, FLAC, OGG/Vorbis/Opus, and MP3 where the linked
+libsndfile has it, 1.1 on), resampling is libsoxr's (through `soxr`). Nothing here parses a container
+or filters a signal by hand.
+
+Every input this module refuses raises `AudioError`, a `ValidationError` that the HTTP edge answers as
+a 400 `invalid_request_error` with code `invalid_audio` and param `file`.
+
+Length cap: a few kilobytes of FLAC or Vorbis can hold hours of silence, so decoding stops at
+`max_seconds` of audio (default `DEFAULT_MAX_SECONDS`, 30 minutes) and says so instead of growing
+without bound. What decoding holds at most is max_seconds x rate x channels x 4 bytes, so rates above
+`MAX_SAMPLE_RATE` and more than `MAX_CHANNELS` channels are refused too: at the defaults a 48 kHz
+stereo file holds at most 0.7 GB while it is decoded, and 16 kHz mono of the same length is 0.12 GB.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from rill.errors import ValidationError
+
+SAMPLE_RATE = 16_000
+DEFAULT_MAX_SECONDS = 1800.0
+MAX_SAMPLE_RATE = 192_000  # the highest rate studio audio uses; speech needs 16 kHz
+MAX_CHANNELS = 8  # 7.1 surround
+_PCM16_SCALE = 32768.0  # int16 full scale: -32768 maps to -1.0, 32767 to just under 1.0
+
+
+class AudioError(ValidationError):
+    """Audio that cannot be used: empty, undecodable, too long, non-finite, or of the wrong shape or type."""
+
+    def __init__(self, message: str, param: str | None = "file"):
+        super().__init__(message, param=param, code="invalid_audio")
+
+
+def decode_audio(data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
+    """Decode an encoded file's bytes into float32 samples of shape (frames, channels) at its own rate.
+
+    Stops after `max_seconds` of audio: a longer file is an AudioError, whatever its size in bytes.
+    """
+    if not data:
+        raise AudioError("the audio file is empty")
+    with _open(data) as sound:
+        _check_header(sound, max_seconds)
+        max_frames = _max_frames(max_seconds, sound.samplerate)
+        # One frame past the cap tells "exactly at the limit" from "over it" without a second read.
+        samples = _read(sound, max_frames + 1)
+        sample_rate = sound.samplerate
+    if len(samples) > max_frames:
+        raise _too_long(max_seconds)
+    _check_samples(samples)
+    return samples, sample_rate
+
+
+def pcm16_to_float(data: bytes) -> np.ndarray:
+    """Raw little-endian signed 16-bit mono PCM (a stream's chunks) -> float32 in [-1, 1)."""
+    if not data:
+        raise AudioError("the PCM16 audio is empty")
+    if len(data) % 2:
+        raise AudioError(f"PCM16 audio has 2 bytes a sample, got {len(data)} bytes (an odd count)")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / _PCM16_SCALE
+
+
+def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """Mix (frames,) or (frames, channels) float samples to mono and resample them to 16 kHz with soxr.
+
+    Returns a C-contiguous 1-D float32 array.
+    """
+    _check_rate(sample_rate)
+    if not isinstance(samples, np.ndarray) or samples.dtype not in (np.float32, np.float64):
+        raise AudioError(f"audio samples must be a float32 or float64 numpy array, got {_describe(samples)}")
+    _check_samples(samples)
+    mono = samples if samples.ndim == 1 else samples.mean(axis=1)
+    mono = np.ascontiguousarray(mono, dtype=np.float32)
+    if sample_rate != SAMPLE_RATE:
+        mono = soxr.resample(mono, sample_rate, SAMPLE_RATE)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def load_audio(
+    source: str | os.PathLike | bytes | np.ndarray,
+    sample_rate: int | None = None,
+    *,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+) -> np.ndarray:
+    """Anything a user may hand over -> 16 kHz mono float32.
+
+    `source` is a path, an encoded file's bytes, or a numpy array of float samples (or int16, scaled by
+    1/32768) shaped (frames,) or (frames, channels). An array's rate is `sample_rate`, 16 kHz when None
+    (an array carries no rate, so a wrong one cannot be detected: pass it). For a file the header gives
+    the rate; a `sample_rate` that disagrees with it is an error rather than silently ignored.
+    """
+    if isinstance(source, np.ndarray):
+        return _load_array(source, SAMPLE_RATE if sample_rate is None else sample_rate, max_seconds)
+    if isinstance(source, (str, os.PathLike)):
+        source = Path(source).read_bytes()
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        samples, file_rate = decode_audio(bytes(source), max_seconds=max_seconds)
+        if sample_rate is not None and sample_rate != file_rate:
+            raise AudioError(
+                f"sample_rate={sample_rate} was given but the file says {file_rate} Hz; leave sample_rate unset "
+                "for files", param="sample_rate")
+        return to_mono_16k(samples, file_rate)
+    raise AudioError(f"audio must be a path, the bytes of an audio file or a numpy array, got {_describe(source)}")
+
+
+def _load_array(samples: np.ndarray, sample_rate: int, max_seconds: float) -> np.ndarray:
+    if samples.dtype == np.int16:
+        samples = samples.astype(np.float32) / _PCM16_SCALE
+    elif samples.dtype not in (np.float32, np.float64):
+        raise AudioError(f"audio arrays must be float32, float64 or int16, got {_describe(samples)}")
+    _check_rate(sample_rate)
+    if len(samples) > _max_frames(max_seconds, sample_rate):
+        raise _too_long(max_seconds)
+    return to_mono_16k(samples, sample_rate)
+
+
+def _open(data: bytes) -> sf.SoundFile:
+    try:
+        return sf.SoundFile(io.BytesIO(data))
+    except sf.LibsndfileError as exc:
+        raise AudioError(f"could not decode the audio file: {exc.error_string}") from None
+    except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as exc:  # soundfile's own header checks
+        raise AudioError(f"could not decode the audio file: {exc}") from None
+
+
+def _read(sound: sf.SoundFile, max_frames: int) -> np.ndarray:
+    """At most `max_frames` frames as float32 (frames, channels); a stream that breaks off midway is an error."""
+    try:
+        return sound.read(frames=max_frames, dtype="float32", always_2d=True)
+    except sf.LibsndfileError as exc:
+        raise AudioError(f"could not decode the audio file: {exc.error_string}") from None
+    except (sf.SoundFileError, RuntimeError) as exc:
+        raise AudioError(f"could not decode the audio file: {exc}") from None
+
+
+def _check_header(sound: sf.SoundFile, max_seconds: float) -> None:
+    """Refuse what the header alone shows to be unusable, before any sample is decoded."""
+    if not 0 < sound.samplerate <= MAX_SAMPLE_RATE:
+        raise AudioError(f"the audio file's sample rate {sound.samplerate} Hz is outside 1..{MAX_SAMPLE_RATE} Hz")
+    if not 0 < sound.channels <= MAX_CHANNELS:
+        raise AudioError(f"the audio file has {sound.channels} channels; at most {MAX_CHANNELS} are accepted")
+    # frames is exact for PCM containers and an estimate for some compressed ones; the capped read decides.
+    if sound.frames > _max_frames(max_seconds, sound.samplerate):
+        raise _too_long(max_seconds)
+
+
+def _check_samples(samples: np.ndarray) -> None:
+    if samples.ndim not in (1, 2):
+        raise AudioError(f"audio must be shaped (frames,) or (frames, channels), got shape {samples.shape}")
+    if samples.size == 0:
+        raise AudioError("the audio has no samples")
+    if samples.ndim == 2 and samples.shape[1] > MAX_CHANNELS:
+        raise AudioError(
+            f"audio shaped {samples.shape} has {samples.shape[1]} channels (at most {MAX_CHANNELS}); "
+            "arrays are (frames, channels)")
+    if not np.isfinite(samples).all():
+        raise AudioError("the audio contains NaN or infinite samples")
+
+
+def _check_rate(sample_rate: object) -> None:
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)):
+        raise AudioError(f"sample_rate must be an integer number of Hz, got {sample_rate!r}", param="sample_rate")
+    if not 0 < sample_rate <= MAX_SAMPLE_RATE:
+        raise AudioError(f"sample_rate must be in 1..{MAX_SAMPLE_RATE} Hz, got {sample_rate}", param="sample_rate")
+
+
+def _max_frames(max_seconds: float, sample_rate: int) -> int:
+    return int(max_seconds * sample_rate)
+
+
+def _too_long(max_seconds: float) -> AudioError:
+    return AudioError(f"the audio is longer than the limit of {max_seconds:g} s (max_seconds)")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of dtype {value.dtype} and shape {value.shape}"
+    return type(value).__name__
