@@ -12,6 +12,8 @@ import subprocess
 import numpy as np
 import pytest
 import soundfile as sf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rill.errors import ValidationError
 from rill.speech.audio import (
@@ -123,9 +125,11 @@ def test_float_array_without_rate_is_taken_as_16k_and_returned_unchanged():
     assert out.dtype == np.float32
 
 
-def test_float64_and_int16_arrays_are_converted():
+def test_float64_float16_big_endian_and_int16_arrays_are_converted():
     audio = sine(200, 0.25, SAMPLE_RATE)
     np.testing.assert_allclose(load_audio(audio.astype(np.float64)), audio, atol=1e-7)
+    np.testing.assert_allclose(load_audio(audio.astype(np.float16)), audio, atol=1e-3)
+    np.testing.assert_array_equal(load_audio(audio.astype(">f4")), audio)
     as_int16 = np.round(audio * 32767).astype(np.int16)
     np.testing.assert_allclose(load_audio(as_int16), audio, atol=2 / 32768)
 
@@ -242,9 +246,11 @@ def test_wav_with_too_many_channels_is_refused():
     (np.zeros((0, 2), np.float32), "no samples"),
     (np.array([0.0, np.nan], np.float32), "NaN or infinite"),
     (np.array([0.0, -np.inf]), "NaN or infinite"),
-    (np.zeros(100, np.int32), "float32, float64 or int16.*int32"),
-    (np.zeros(100, np.uint8), "float32, float64 or int16"),
-    (np.array(["a", "b"]), "float32, float64 or int16"),
+    (np.zeros(100, np.int32), r"float \(any width\) or int16.*int32"),
+    (np.zeros(100, np.uint8), "float .* or int16"),
+    (np.array(["a", "b"]), "float .* or int16"),
+    (np.zeros(100, np.complex64), "float .* or int16"),
+    (np.array(0.5, np.float32), r"shaped \(frames,\) or \(frames, channels\), got shape \(\)"),
     (np.zeros((10, 2, 2), np.float32), r"shaped \(frames,\) or \(frames, channels\)"),
     (np.zeros((2, 16000), np.float32), "channels"),  # (channels, frames): the transposed layout
 ])
@@ -273,8 +279,20 @@ def test_values_that_are_not_audio_are_refused(value):
         load_audio(value)
 
 
+@pytest.mark.parametrize("max_seconds", [0, -1.0, float("inf"), float("nan")])
+def test_max_seconds_must_be_positive_and_finite(max_seconds):
+    with pytest.raises(ValueError, match="max_seconds must be a positive"):
+        load_audio(np.zeros(10, np.float32), max_seconds=max_seconds)
+
+
+def test_audio_shorter_than_one_16k_sample_is_refused_not_returned_empty():
+    with pytest.raises(AudioError, match="shorter than one sample"):
+        load_audio(np.ones(1, np.float32), sample_rate=48000)
+    assert len(load_audio(np.ones(1, np.float32), sample_rate=8000)) == 2
+
+
 def test_to_mono_16k_refuses_int_arrays_it_cannot_scale():
-    with pytest.raises(AudioError, match="float32 or float64"):
+    with pytest.raises(AudioError, match="must be a float numpy array"):
         to_mono_16k(np.zeros(100, np.int16), SAMPLE_RATE)
 
 
@@ -287,3 +305,35 @@ def test_bad_pcm16_is_refused(data, message):
 def test_missing_path_raises_file_not_found():
     with pytest.raises(FileNotFoundError):
         load_audio("/nonexistent/rill-test.wav")
+
+
+# --- fuzzing: libsndfile sees hostile bytes first --------------------------------------------------------
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+VALID_FILES = [encode(sine(440, 0.05, 8000), 8000, fmt, subtype)
+               for fmt, subtype in [("WAV", "PCM_16"), ("WAV", "FLOAT"), ("FLAC", "PCM_16"), ("OGG", "VORBIS")]]
+
+
+def decodes_or_refuses(data: bytes) -> None:
+    """The only outcomes allowed: finite 16 kHz mono float32, or AudioError."""
+    try:
+        audio = load_audio(data, max_seconds=10)
+    except AudioError:
+        return
+    assert audio.dtype == np.float32 and audio.ndim == 1 and audio.size > 0 and np.isfinite(audio).all()
+
+
+@FUZZ
+@given(st.binary(max_size=2048))
+def test_random_bytes_decode_or_raise_audio_error(data):
+    decodes_or_refuses(data)
+
+
+@FUZZ
+@given(st.sampled_from(range(len(VALID_FILES))), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)),
+                                                     min_size=1, max_size=8), st.integers(0, 10**6))
+def test_corrupted_files_decode_or_raise_audio_error(which, edits, cut):
+    data = bytearray(VALID_FILES[which])
+    for position, value in edits:  # overwrite bytes, headers included
+        data[position % len(data)] = value
+    decodes_or_refuses(bytes(data[: max(1, cut % (len(data) + 1))]))

@@ -17,6 +17,7 @@ stereo file holds at most 0.7 GB while it is decoded, and 16 kHz mono of the sam
 from __future__ import annotations
 
 import io
+import math
 import os
 from pathlib import Path
 
@@ -74,13 +75,15 @@ def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
     Returns a C-contiguous 1-D float32 array.
     """
     _check_rate(sample_rate)
-    if not isinstance(samples, np.ndarray) or samples.dtype not in (np.float32, np.float64):
-        raise AudioError(f"audio samples must be a float32 or float64 numpy array, got {_describe(samples)}")
+    if not isinstance(samples, np.ndarray) or samples.dtype.kind != "f":
+        raise AudioError(f"audio samples must be a float numpy array, got {_describe(samples)}")
     _check_samples(samples)
     mono = samples if samples.ndim == 1 else samples.mean(axis=1)
     mono = np.ascontiguousarray(mono, dtype=np.float32)
     if sample_rate != SAMPLE_RATE:
         mono = soxr.resample(mono, sample_rate, SAMPLE_RATE)
+        if mono.size == 0:  # e.g. one frame at 48 kHz is a third of a sample at 16 kHz
+            raise AudioError(f"the audio is shorter than one sample at {SAMPLE_RATE} Hz")
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
@@ -114,9 +117,10 @@ def load_audio(
 def _load_array(samples: np.ndarray, sample_rate: int, max_seconds: float) -> np.ndarray:
     if samples.dtype == np.int16:
         samples = samples.astype(np.float32) / _PCM16_SCALE
-    elif samples.dtype not in (np.float32, np.float64):
-        raise AudioError(f"audio arrays must be float32, float64 or int16, got {_describe(samples)}")
+    elif samples.dtype.kind != "f":
+        raise AudioError(f"audio arrays must be float (any width) or int16, got {_describe(samples)}")
     _check_rate(sample_rate)
+    _check_samples(samples)
     if len(samples) > _max_frames(max_seconds, sample_rate):
         raise _too_long(max_seconds)
     return to_mono_16k(samples, sample_rate)
@@ -173,6 +177,8 @@ def _check_rate(sample_rate: object) -> None:
 
 
 def _max_frames(max_seconds: float, sample_rate: int) -> int:
+    if not 0 < max_seconds < math.inf:
+        raise ValueError(f"max_seconds must be a positive finite number of seconds, got {max_seconds!r}")
     return int(max_seconds * sample_rate)
 
 
