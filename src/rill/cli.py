@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate", "bench": "rill.bench"}
+FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate",
+             "train-tiny-speech": "rill.tiny_speech.train", "eval-tiny-speech": "rill.tiny_speech.evaluate", "bench": "rill.bench"}
 
 
 def main(argv: list[str] | None = None) -> int:

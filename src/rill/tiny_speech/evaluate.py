@@ -1,0 +1,192 @@
+"""Held-out evaluation of rill-tiny-speech: exact transcripts per task family.
+
+    rill eval-tiny-speech [--model DIR] [--per-family N] [--backend transformers|rill] [--json FILE]
+
+Clips come from the held-out split: number pairs, words, cities and zones never trained on,
+spoken by voice/rate combinations never heard in training, with the recipe's noise, filter, gain
+and offset drawn from the evaluation seed. A transcript counts when it equals the expected text
+after normalize(): lower case, punctuation marks dropped, symbols spaced alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import string
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rill.tiny import splits
+from rill.tiny_speech import augment, dataset, transcripts
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "rill-tiny-speech"
+BAR = 0.95
+_SYMBOLS = "+-=/_"  # part of what rill-tiny reads ("347 + 58", "Europe/Paris"): kept
+_DROP = str.maketrans("", "", "".join(c for c in string.punctuation if c not in _SYMBOLS))
+
+
+def normalize(text: str) -> str:
+    """Lower case, no punctuation marks, one space around + - = ("347+58?" == "347 + 58")."""
+    text = text.lower().translate(_DROP)
+    text = re.sub(r"\s*([+=])\s*", r" \1 ", text)
+    text = re.sub(r"(?<=\d)\s*-\s*(?=\d)", " - ", text)
+    return " ".join(text.split())
+
+
+def is_correct(expected: str, got: str) -> bool:
+    return normalize(expected) == normalize(got)
+
+
+def eval_audio(clips: dataset.Clips, seed: int, window_samples: int) -> list[np.ndarray]:
+    """Each held-out clip with one draw of the recipe's variety (noise, filter, gain, offset)."""
+    rng = np.random.default_rng([seed, 1])
+    return [augment.augment(clips.audio(i), rng, window_samples) for i in range(len(clips))]
+
+
+# -- backends ------------------------------------------------------------------------------------
+
+
+class TransformersBackend:
+    """Greedy `generate` of transformers' WhisperForConditionalGeneration, batched."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu", batch_size: int = 32) -> None:
+        import torch
+        from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperForConditionalGeneration
+
+        self.torch = torch
+        self.extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = WhisperForConditionalGeneration.from_pretrained(model_dir).to(device).eval()
+        self.device, self.batch_size = device, batch_size
+
+    @property
+    def window_samples(self) -> int:
+        return self.extractor.n_samples
+
+    def transcribe(self, audios: Sequence[np.ndarray]) -> list[str]:
+        texts = []
+        for start in range(0, len(audios), self.batch_size):
+            texts += self._batch(audios[start : start + self.batch_size])
+        return texts
+
+    def _batch(self, audios: Sequence[np.ndarray]) -> list[str]:
+        features = self.extractor(list(audios), sampling_rate=self.extractor.sampling_rate, return_tensors="pt")
+        with self.torch.inference_mode():
+            out = self.model.generate(features.input_features.to(self.device))
+        return [t.strip() for t in self.tokenizer.batch_decode(out, skip_special_tokens=True)]
+
+
+class RillBackend:
+    """rill's own runtime: `rill.Transcriber(model=DIR).transcribe(audio, sample_rate=16000)`."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import json as _json
+
+        from rill import Transcriber  # the speech runtime (issue 18, items 2-4)
+
+        self.transcriber = Transcriber(model=str(model_dir))
+        config = _json.loads((model_dir / "preprocessor_config.json").read_text())
+        self.window_samples = config["n_samples"]
+
+    def transcribe(self, audios: Sequence[np.ndarray]) -> list[str]:
+        return [self.transcriber.transcribe(a, sample_rate=augment.SAMPLE_RATE).text.strip() for a in audios]
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def evaluate(backend, clips: dataset.Clips, seed: int) -> dict:
+    started = time.perf_counter()
+    texts = backend.transcribe(eval_audio(clips, seed, backend.window_samples))
+    families = {f: {"n": 0, "correct": 0, "failures": []} for f in transcripts.FAMILIES}
+    for expected, got, family, voice in zip(clips.texts, texts, clips.families, clips.voices):
+        entry = families[family]
+        entry["n"] += 1
+        right = is_correct(expected, got)
+        entry["correct"] += right
+        if not right and len(entry["failures"]) < 8:
+            entry["failures"].append({"expected": expected, "got": got, "voice": voice})
+    for entry in families.values():
+        entry["accuracy"] = entry["correct"] / entry["n"] if entry["n"] else None
+    n = len(clips)
+    return {"families": families, "num_clips": n, "seconds": round(time.perf_counter() - started, 1),
+            "audio_s": round(len(clips.pcm) / augment.SAMPLE_RATE, 1),
+            "all_families_at_bar": all(e["accuracy"] >= BAR for e in families.values() if e["n"])}
+
+
+def format_table(report: dict) -> str:
+    lines = ["| family | held-out exact transcripts | correct / n |", "|---|---|---|"]
+    for family, entry in report["families"].items():
+        if entry["n"]:
+            lines.append(f"| {family} | {entry['accuracy']:.1%} | {entry['correct']} / {entry['n']} |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> Path:
+    """Accuracy per family as bars, with the bar every family must reach (ImportError without matplotlib)."""
+    from rill.bench.common import save_plot
+
+    families = [f for f, e in report["families"].items() if e["n"]]
+    accuracy = [100 * report["families"][f]["accuracy"] for f in families]
+
+    def draw(axes):
+        ax = axes[0]
+        bars = ax.bar(families, accuracy, color=["tab:green" if a >= 100 * BAR else "tab:red" for a in accuracy])
+        ax.axhline(100 * BAR, color="black", linestyle="--", linewidth=1, label=f"bar {BAR:.0%}")
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("held-out exact transcripts (%)")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(loc="lower right")
+
+    n = max(report["families"][f]["n"] for f in families) if families else 0
+    return save_plot(path, draw, title=f"{Path(report['model']).name}: {n} held-out clips per family, "
+                                        f"{report['backend']} backend")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rill eval-tiny-speech", description="Held-out transcripts of rill-tiny-speech per family.")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="Hugging Face Whisper directory")
+    p.add_argument("--per-family", type=int, default=100, help="clips per family")
+    p.add_argument("--json", type=Path, default=None, help="write the full report here (and a plot beside it, FILE.png)")
+    p.add_argument("--backend", choices=("transformers", "rill"), default="transformers")
+    p.add_argument("--device", default="cpu", help="device for the transformers backend")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the held-out clips and their variety")
+    p.add_argument("--workers", type=int, default=None, help="synthesis worker processes")
+    p.add_argument("--cache-dir", type=Path, default=dataset.DEFAULT_CACHE)
+    return p.parse_args(argv)
+
+
+def make_backend(args: argparse.Namespace):
+    if args.backend == "rill":
+        return RillBackend(args.model)
+    return TransformersBackend(args.model, args.device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    backend = make_backend(args)
+    max_samples = backend.window_samples - int(augment.MAX_OFFSET_S * augment.SAMPLE_RATE)
+    clips = dataset.build(args.seed, splits.EVAL, args.per_family * len(transcripts.FAMILIES), max_samples,
+                          workers=args.workers, root=args.cache_dir, desc="synthesize held-out clips")
+    report = evaluate(backend, clips, args.seed)
+    report.update(model=str(args.model), backend=args.backend, per_family=args.per_family, seed=args.seed)
+    print(format_table(report))
+    print(f"\n{report['num_clips']} clips ({report['audio_s']} s of speech) in {report['seconds']} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            plot(report, args.json.with_suffix(".png"))
+        except ImportError:
+            print("(no plot: matplotlib is not installed)", file=sys.stderr)
+    return 0 if report["all_families_at_bar"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
