@@ -3,6 +3,7 @@
     POST /v1/chat/completions, /v1/completions   JSON in; JSON, or SSE when "stream": true
          the same with an NDJSON body            streaming input, Mode A (transports/streaming_input.py)
     /v1/streaming_input/sessions/...             streaming input, Mode B (the same module)
+    POST /v1/audio/transcriptions                 speech to text (transports/audio_http.py)
     GET  /v1/models, /v1/models/{model}, /health, /metrics
     POST /tokenize, /detokenize
 
@@ -71,6 +72,7 @@ class ServerConfig:
     max_header_bytes: int = 16 << 10
     read_timeout_s: float | None = None
     streaming_input: StreamingInputConfig = field(default_factory=StreamingInputConfig)  # Mode A and B
+    max_audio_bytes: int = 25 * 1000 * 1000  # /v1/audio/transcriptions' file limit, OpenAI's 25 MB
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -90,6 +92,7 @@ class ServerConfig:
             body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
             max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
+            max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
         )
 
     def serving_options(self) -> ServingOptions:
@@ -108,6 +111,7 @@ class AppState:
         self.server = server
         self.metrics = Metrics()
         self.serving: Serving | None = None
+        self.speech = None  # rill.transports.audio_http.SpeechServing, set by create_app
         self._stop = trio.Event()
         self.sessions = SessionManager(server.streaming_input)  # its reaper runs in the app's nursery
         attach_streaming_input(self.sessions)
@@ -127,8 +131,10 @@ class AppState:
         self._stop.set()
 
 
-def create_app(config: EngineConfig | None = None, server: ServerConfig | None = None, *, engine=None) -> QuartTrio:
-    """The app. With `engine`, serve it; otherwise open one from `config` (default: RILL_MODEL or rill-tiny)."""
+def create_app(config: EngineConfig | None = None, server: ServerConfig | None = None, *, engine=None,
+               speech=None) -> QuartTrio:
+    """The app. With `engine`, serve it; otherwise open one from `config` (default: RILL_MODEL or rill-tiny).
+    `speech` (an AsyncSpeechEngine its caller runs) serves /v1/audio/transcriptions; None: 404 there."""
     app = QuartTrio("rill")
     app.asgi_app = keep_alive_safe(app.asgi_app)  # hypercorn's trio worker: see rill.transports.keepalive
     hypercorn_ws.install()  # keepalive that ends with the WebSocket and closes dead peers; no deflate
@@ -141,6 +147,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)
     state.metrics.attach_realtime(hub)
     _install_streaming_input(app, state)
+    _install_transcriptions(app, state, speech)
     app.register_error_handler(HTTPException, _http_error)
     if engine is not None:
         state.attach(engine)
@@ -164,6 +171,12 @@ def _install_streaming_input(app: QuartTrio, state: AppState) -> None:
     app.register_blueprint(streaming_input_api)
     app.before_serving(start_sessions)
     app.after_serving(state.sessions.stop)
+
+
+def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:
+    from rill.transports.audio_http import install_transcriptions  # it imports this module
+
+    state.speech = install_transcriptions(app, speech, state.server.max_audio_bytes)
 
 
 api = Blueprint("openai", __name__)
@@ -279,7 +292,7 @@ async def _mode_a(api_name: str) -> Response:
 
 @api.get("/v1/models")
 async def models() -> Response:
-    return _json(ModelList(_state().serving.model_cards()))
+    return _json(ModelList(_state().serving.model_cards() + _state().speech.model_cards()))
 
 
 @api.get("/v1/models/<path:model>")  # path: a served name may be a directory, slashes and all
@@ -287,7 +300,8 @@ async def model(model: str) -> Response:
     try:
         return _json(_state().serving.model_card(model))
     except ApiError as exc:
-        return _error(exc)
+        card = _state().speech.model_card(model)  # the speech model, when it is that one
+        return _error(exc) if card is None else _json(card)
 
 
 @api.get("/health")

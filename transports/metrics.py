@@ -15,6 +15,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                       20.0, 40.0, 80.0)
+_RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 
 _GAUGES = (
     ("rill_num_requests_running", "Sequences in the running batch.", "num_running"),
@@ -92,6 +93,14 @@ class Metrics:
                                 registry=self.registry)
         self.ttft_after_input = self._histogram("rill_streaming_input_ttft_after_end_seconds",
                                                 "Time from a session's end of input to its first token.")
+        # POST /v1/audio/transcriptions (transports/audio_http.py)
+        self.transcriptions = Counter("rill_transcription_requests", "Transcription requests answered.", ["status"],
+                                      registry=self.registry)
+        self.audio_seconds = Counter("rill_transcription_audio_seconds", "Seconds of audio transcribed.",
+                                     registry=self.registry)
+        self.real_time_factor = Histogram("rill_transcription_real_time_factor",
+                                          "Time to transcribe a recording / its length (below 1: faster than real time).",
+                                          buckets=_RTF_BUCKETS, registry=self.registry)
         self._engine = None
         self._sessions = None
 
@@ -108,6 +117,12 @@ class Metrics:
     def attach_sessions(self, manager) -> None:
         self._sessions = manager
         self.registry.register(_SessionCollector(manager))
+
+    def on_transcription(self, status: int, audio_s: float, elapsed_s: float) -> None:
+        self.transcriptions.labels(str(status)).inc()
+        if status == 200 and audio_s > 0:
+            self.audio_seconds.inc(audio_s)
+            self.real_time_factor.observe(elapsed_s / audio_s)
 
     def on_request_done(self, trace) -> None:
         self.requests.labels(trace.endpoint, str(trace.status)).inc()

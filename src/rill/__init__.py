@@ -15,6 +15,7 @@ _EXPORTS = {
     "SamplingParams": "rill.sampling_params",
     "open_engine": "rill.engine.async_engine",
     "EngineConfig": "rill.config",
+    "Transcriber": "rill.speech.transcriber",
 }
 
 __all__ = sorted(_EXPORTS)

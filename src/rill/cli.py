@@ -1,4 +1,4 @@
-"""The `rill` command: serve, chat, generate, bench, train-tiny, eval-tiny."""
+"""The `rill` command: serve, chat, generate, transcribe, bench, train-tiny, eval-tiny."""
 
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ def _cmd_serve(args) -> int:
         realtime=realtime_config(args),
         keep_alive_timeout_s=args.keep_alive_timeout_s, body_timeout_s=args.body_timeout_s,
         max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s,
+        max_audio_bytes=args.max_audio_bytes,
     )
-    return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s)
+    return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -99,6 +100,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", None, int),
                    help="requests waiting for their first token before new ones get 429")
     p.add_argument("--max-body-bytes", type=int, default=_env("MAX_BODY_BYTES", 16 << 20, int))
+    p.add_argument("--speech-model", default=_env("SPEECH_MODEL", "rill-tiny-speech"),
+                   help="rill-tiny-speech (default; skipped with a log line when not in this build), a local "
+                        "Whisper directory, or none: the model of /v1/audio/transcriptions")
+    p.add_argument("--max-audio-bytes", type=int, default=_env("MAX_AUDIO_BYTES", 25 * 1000 * 1000, int),
+                   help="largest file /v1/audio/transcriptions accepts (413 past it; default 25 MB as OpenAI's)")
     p.add_argument("--keep-alive-timeout-s", type=float, default=_env("KEEP_ALIVE_TIMEOUT_S", 5.0, float),
                    help="close a connection idle this long, or whose request headers take longer")
     p.add_argument("--body-timeout-s", type=float, default=_env("BODY_TIMEOUT_S", 60.0, float),
@@ -117,6 +123,39 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
+
+
+def _cmd_transcribe(args) -> int:
+    from rill.openai.transcriptions import render
+    from rill.speech.transcriber import Transcriber
+
+    transcriber = Transcriber(args.model, device=args.device)
+    try:
+        results = transcriber.transcribe_all(args.files, language=args.language, prompt=args.prompt,
+                                             temperature=args.temperature)
+    except OSError as exc:  # a FILE that cannot be read
+        print(f"rill: error: {exc}", file=sys.stderr)
+        return 2
+    for path, result in zip(args.files, results):
+        if len(args.files) > 1 and args.response_format in ("text", "srt", "vtt"):
+            print(f"==> {path} <==")
+        body, _ = render(result, args.response_format, args.temperature)
+        sys.stdout.write(body.decode() + ("" if body.endswith(b"\n") else "\n"))
+    return 0
+
+
+def add_transcribe_args(p: argparse.ArgumentParser) -> None:
+    from rill.openai.transcriptions import RESPONSE_FORMATS
+
+    p.add_argument("files", nargs="+", metavar="FILE", help="recordings: WAV, FLAC, OGG (MP3 where libsndfile has it)")
+    p.add_argument("--model", default=_env("SPEECH_MODEL", "rill-tiny-speech"),
+                   help="rill-tiny-speech (default) or a local Whisper directory")
+    p.add_argument("--language", default=None, help="ISO code such as en (default: detected, or en)")
+    p.add_argument("--prompt", default=None, help="text the recording continues (Whisper's previous-text prompt)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--response-format", default="text", choices=RESPONSE_FORMATS,
+                   help="text (default), json and verbose_json (one object a line), srt, vtt")
+    p.add_argument("--device", default=_env("DEVICE", "cpu"))
 
 
 def _forward(module: str):
@@ -144,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="one JSON object per line")
         add_engine_args(p)
         p.set_defaults(func=_cmd_generate)
+    p = sub.add_parser("transcribe", help="offline speech to text: print each recording's transcript")
+    add_transcribe_args(p)
+    p.set_defaults(func=_cmd_transcribe)
     for name, module, text in (
         ("train-tiny", "rill.tiny.train", "train rill-tiny from scratch (see its --help)"),
         ("eval-tiny", "rill.tiny.evaluate", "held-out accuracy of rill-tiny per task family"),

@@ -47,31 +47,41 @@ async def wait_for_stop_signal() -> None:
 
 
 async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: str = "127.0.0.1",
-                port: int = 8000, grace_s: float = 10.0, *, shutdown_trigger=wait_for_stop_signal,
-                task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM) or the engine dies.
+                port: int = 8000, grace_s: float = 10.0, *, speech_model: str | None = None,
+                shutdown_trigger=wait_for_stop_signal, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM) or an engine dies.
+    `speech_model` ("rill-tiny-speech", a directory, or None) runs the speech worker beside the LLM's.
     task_status gets the bound URLs once the server listens. Returns the exit status: 1 when
-    the engine died, else 0."""
-    async with open_engine(engine_config) as engine, trio.open_nursery() as nursery:
-        app = create_app(engine=engine, server=server_config)
+    an engine died, else 0."""
+    from rill.speech.async_speech import open_serving_speech  # torch and the Whisper runtime: only when serving
+
+    async with (open_engine(engine_config) as engine,
+                open_serving_speech(speech_model, device=engine_config.device) as speech,
+                trio.open_nursery() as nursery):
+        app = create_app(engine=engine, server=server_config, speech=speech)
         config = hypercorn_config(host, port, grace_s, server_config)
         realtime, stopping = server_config.realtime, trio.Event()
-        trigger = partial(_stop_then_set, shutdown_trigger, stopping, engine)
+        engines = [engine] if speech is None else [engine, speech]
+        trigger = partial(_stop_then_set, shutdown_trigger, stopping, engines)
         binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=trigger))
         if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
             ws_url = await nursery.start(partial(serve_ws, realtime_hub(app), host, realtime.ws_port, stop=stopping))
             binds = [*binds, ws_url]
         log.info("serving %s at %s", engine_config.model, ", ".join(binds))
         task_status.started(binds)
-    if engine.dead is not None:
-        log.error("stopped: the engine died (%r); exiting 1 so that a supervisor restarts rill", engine.dead)
+    if (dead := _first_death(engines)) is not None:
+        log.error("stopped: the engine died (%r); exiting 1 so that a supervisor restarts rill", dead)
         return 1
     log.info("stopped")
     return 0
 
 
-async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engine) -> None:
-    """Return when the shutdown trigger does or the engine dies, whichever comes first."""
+def _first_death(engines) -> BaseException | None:
+    return next((e.dead for e in engines if e.dead is not None), None)
+
+
+async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines) -> None:
+    """Return when the shutdown trigger does or an engine (the LLM's, the speech one) dies, whichever first."""
     async with trio.open_nursery() as nursery:
 
         async def first(wait) -> None:
@@ -79,11 +89,13 @@ async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engine) -> None
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(first, shutdown_trigger)
-        nursery.start_soon(first, engine.died.wait)
-    if engine.dead is not None:
+        for engine in engines:
+            nursery.start_soon(first, engine.died.wait)
+    if _first_death(engines) is not None:
         log.error("the engine died: no new connections; requests in flight got an error")
     stopping.set()
 
 
-def run(engine_config: EngineConfig, server_config: ServerConfig, host: str, port: int, grace_s: float) -> int:
-    return trio.run(partial(serve, engine_config, server_config, host, port, grace_s))
+def run(engine_config: EngineConfig, server_config: ServerConfig, host: str, port: int, grace_s: float,
+        speech_model: str | None = None) -> int:
+    return trio.run(partial(serve, engine_config, server_config, host, port, grace_s, speech_model=speech_model))
