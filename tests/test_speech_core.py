@@ -176,3 +176,16 @@ def test_bad_requests_are_refused_and_leave_nothing_behind(core):
         core.add_request("dup", AUDIO[1], TranscribeParams())
     core.abort("dup")
     assert not core.has_work()
+
+
+def test_a_feature_window_that_does_not_fit_the_encoder_is_a_load_error(tmp_path):
+    import json
+
+    from rill.errors import ModelLoadError
+
+    d = make_whisper_dir(tmp_path, max_source_positions=100)  # 2 s windows
+    config = json.loads((d / "preprocessor_config.json").read_text())
+    config.update(chunk_length=3, n_samples=48_000, nb_max_frames=300)
+    (d / "preprocessor_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="max_source_positions"):
+        SpeechCore(d)
