@@ -189,3 +189,10 @@ def test_a_feature_window_that_does_not_fit_the_encoder_is_a_load_error(tmp_path
     (d / "preprocessor_config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="max_source_positions"):
         SpeechCore(d)
+
+
+def test_the_next_windows_prompt_carries_text_not_special_tokens(core):
+    runtime = core.runtime
+    en, notimestamps = runtime.generation.lang_to_id["<|en|>"], runtime.generation.no_timestamps_token_id
+    text = text_ids(runtime, "What is 347 plus 58?")
+    assert carry_previous(runtime, [7], [*text, en, notimestamps]) == [7, *text]

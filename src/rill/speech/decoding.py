@@ -124,8 +124,7 @@ def decoder_prompt(runtime: WhisperRuntime, language_id: int | None, task: str, 
 def carry_previous(runtime: WhisperRuntime, previous: list[int], window_tokens: list[int]) -> list[int]:
     """The next window's previous text: this one's appended, special tokens (a language token the model
     emitted) left out, as a <|startofprev|> prompt holds text only."""
-    special = runtime.tokenizer.all_special_ids
-    return previous + [t for t in window_tokens if t not in special]
+    return previous + [t for t in window_tokens if t not in runtime.special_ids]
 
 
 def max_window_tokens(runtime: WhisperRuntime, prompt_len: int, params: TranscribeParams) -> int:

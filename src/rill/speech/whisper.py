@@ -274,6 +274,7 @@ class WhisperRuntime:
     tokenizer: Tokenizer
     dtype: torch.dtype
     device: torch.device
+    special_ids: frozenset[int]  # ids the tokenizer marks special (<|en|>, <|notimestamps|>, ...)
 
     def new_cache(self, rows: int) -> KVCache:
         return KVCache.empty(self.config, rows, self.dtype, self.device)
@@ -326,4 +327,5 @@ def load_whisper(path: str | Path, device: str | torch.device = "cpu", dtype: to
     model = model.to_empty(device=device).to(dtype)
     _load_weights(model, model_dir)
     name = RILL_TINY_SPEECH if str(path) == RILL_TINY_SPEECH else model_dir.name
-    return WhisperRuntime(model_dir, name, model.eval(), cfg, generation, tokenizer, dtype, device)
+    special = frozenset(i for i, token in tokenizer.added_tokens_decoder.items() if token.special)
+    return WhisperRuntime(model_dir, name, model.eval(), cfg, generation, tokenizer, dtype, device, special)
