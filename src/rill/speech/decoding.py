@@ -204,9 +204,10 @@ def decode_window(runtime: WhisperRuntime, features: torch.Tensor, params: Trans
     prompt = decoder_prompt(runtime, language_id, params.task, list(previous))
     limit = max_window_tokens(runtime, len(prompt), params)
     logits, out = _step(runtime, [prompt], 0, cache), []
-    temperature = torch.tensor([params.temperature])
+    temperature = torch.tensor([params.temperature], device=runtime.device)
     while True:
-        token = sample(rules.apply(logits, torch.tensor([not out])), temperature, None)[0]
+        first = torch.tensor([not out], device=runtime.device)
+        token = sample(rules.apply(logits, first), temperature, None)[0]
         if token == gen.eos_token_id:
             break
         out.append(token)
