@@ -89,7 +89,12 @@ class SpeechRequest:
 
 
 class SpeechCore:
-    """Continuous batching of Whisper transcriptions. Synchronous; owned by one thread."""
+    """Continuous batching of Whisper transcriptions. Synchronous; owned by one thread.
+
+    The caches of all `max_batch` rows are allocated here, so a batch too large for memory fails at load,
+    not mid-run: per row, decoder_layers x 2 x (max_target_positions + max_source_positions) x d_model
+    values (whisper-tiny in float32: 24 MB, almost all of it the cross-attention K/V of a 30 s window).
+    """
 
     def __init__(self, path_or_runtime: str | Path | WhisperRuntime, *, max_batch: int = 16,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None, seed: int = 0):
