@@ -99,7 +99,8 @@ class Metrics:
         self.audio_seconds = Counter("rill_transcription_audio_seconds", "Seconds of audio transcribed.",
                                      registry=self.registry)
         self.real_time_factor = Histogram("rill_transcription_real_time_factor",
-                                          "Time to transcribe a recording / its length (below 1: faster than real time).",
+                                          "Time to transcribe a recording, once uploaded and decoded, / its length "
+                                          "(below 1: faster than real time).",
                                           buckets=_RTF_BUCKETS, registry=self.registry)
         self._engine = None
         self._sessions = None
