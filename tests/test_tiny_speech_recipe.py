@@ -46,8 +46,10 @@ def test_transcripts_are_rill_tiny_questions_word_for_word():
 
 def test_transcripts_write_numbers_as_digits_and_symbols():
     arithmetic = [u for u in _utterances(splits.TRAIN, 200) if u.family in ("add", "sub")]
-    assert arithmetic and all(re.search(r"\d+", u.text) for u in arithmetic)
-    assert not any(re.search(r"\b(plus|minus)\b \d", u.text) and "+" in u.text for u in arithmetic)
+    number_words = re.compile(r"\b(zero|one|two|three|four|five|six|seven|eight|nine|ten|twenty|hundred)\b", re.I)
+    assert arithmetic and all(len(re.findall(r"\d+", u.text)) == 2 for u in arithmetic)
+    assert not any(number_words.search(u.text) for u in arithmetic)
+    assert any("+" in u.text for u in arithmetic) and any("-" in u.text for u in arithmetic)
 
 
 @pytest.mark.parametrize("text,spoken", [

@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     p.add_argument("--spec-augment", type=float, default=0.3, help="share of clips with a time and a frequency mask")
+    p.add_argument("--ctc-weight", type=float, default=0.3, help="weight of the auxiliary CTC loss on the encoder "
+                   "(a training-only head; 0: none)")
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
     p.add_argument("--workers", type=int, default=None, help="synthesis worker processes")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -139,31 +141,51 @@ def spec_augment(features: torch.Tensor, rng: np.random.Generator, share: float)
     return features
 
 
-def train(model: WhisperForConditionalGeneration, batches: Batches, args, checkpoint=None) -> list[float]:
+def ctc_loss(head: torch.nn.Linear, encoder_states: torch.Tensor, labels: torch.Tensor, blank: int) -> torch.Tensor:
+    """CTC of the transcript's tokens over the encoder's frames, through a training-only head.
+
+    The auxiliary loss the hybrid CTC/attention recipes use: it makes the encoder's frames name
+    what is said from the first steps, where the decoder alone first learns the transcripts'
+    language (a plateau near 1.8 nats that the attention takes long to leave). The head is not
+    part of the saved model, which stays a plain WhisperForConditionalGeneration.
+    """
+    log_probs = F.log_softmax(head(encoder_states).float(), dim=-1).transpose(0, 1)  # [T, B, V]
+    keep = (labels != -100) & (labels != blank)  # the text tokens, without <|endoftext|>
+    targets = labels[keep]
+    frames = torch.full((labels.shape[0],), log_probs.shape[0], dtype=torch.long)
+    return F.ctc_loss(log_probs, targets, frames, keep.sum(dim=1), blank=blank, zero_infinity=True)
+
+
+def train(model: WhisperForConditionalGeneration, batches: Batches, args, checkpoint=None) -> tuple[list[float], list[float]]:
+    """Returns the decoder's cross-entropy and the CTC loss, every 10 steps."""
     device = torch.device(args.device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
+    head = torch.nn.Linear(model.config.d_model, model.config.vocab_size).to(device)
+    params = [*model.parameters(), *head.parameters()]
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.05}, {"params": other, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), fused=device.type == "cuda")
-    losses = []
+    losses, ctc_losses = [], []
     bar = tqdm(range(args.steps), desc="train rill-tiny-speech", mininterval=2.0)
     for step in bar:
         features, tokens, labels = (t.to(device) for t in batches.next(step))
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            logits = model(input_features=features, decoder_input_ids=tokens, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            out = model(input_features=features, decoder_input_ids=tokens, use_cache=False)
+            ctc = ctc_loss(head, out.encoder_last_hidden_state, labels, batches.pad_id) if args.ctc_weight else None
+        loss = F.cross_entropy(out.logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        (loss + args.ctc_weight * ctc if ctc is not None else loss).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == args.steps - 1:
             losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            ctc_losses.append(ctc.item() if ctc is not None else 0.0)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", ctc=f"{ctc_losses[-1]:.3f}")
         if checkpoint and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
             checkpoint(step + 1)
-    return losses
+    return losses, ctc_losses
 
 
 def save(model, tokenizer, shape: shapes.Shape, ids: dict[str, int], out: Path) -> None:
@@ -201,11 +223,12 @@ def main(argv: list[str] | None = None) -> int:
 
     train_started = time.perf_counter()
     model.train()
-    losses = train(model, batches, args, checkpoint)
+    losses, ctc_losses = train(model, batches, args, checkpoint)
     train_s = time.perf_counter() - train_started
     args.out.mkdir(parents=True, exist_ok=True)
     save(model.cpu().eval(), tokenizer, shape, ids, args.out)
     record = run_record(args, shape, clips, num_params, losses, data_s, train_s)
+    record["ctc_losses_every_10_steps"] = [round(x, 4) for x in ctc_losses]
     (args.out / "training_run.json").write_text(json.dumps(record, indent=2) + "\n")
     try:
         plot_losses(record, args.out / "training_loss.png")
@@ -218,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_record(args, shape: shapes.Shape, clips: dataset.Clips, num_params, losses, data_s, train_s) -> dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return {
-        "seed": args.seed, "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+        "seed": args.seed, "precision": args.precision, "ctc_weight": args.ctc_weight, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
         "train_clips": len(clips), "speech_hours": round(len(clips.pcm) / shapes.SAMPLE_RATE / 3600, 3),
         "window_s": shape.window_s, "d_model": shape.d_model, "encoder_layers": shape.encoder_layers,
         "decoder_layers": shape.decoder_layers, "num_params": num_params, "device": device_name,
