@@ -7,6 +7,7 @@
     rill bench structured       engine step time at batch 1/16/64 with and without a JSON schema constraint
     rill bench soak             minutes of mixed traffic against `rill serve`: no 5xx, no leaks, RSS growth
     rill bench scale            open sessions and concurrent SSE streams one process holds, memory per session
+    rill bench transcribe       speech to text: rill vs. transformers and faster-whisper, real-time factor
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -27,6 +28,7 @@ COMMANDS = {
     "structured": ("structured", "engine step time with and without a JSON schema constraint, rill-tiny"),
     "soak": ("soak", "minutes of mixed traffic against rill serve: errors by kind, 5xx, leaks, RSS growth"),
     "scale": ("scale", "10,000 open sessions and 1,000 concurrent SSE streams in one rill serve: memory, errors"),
+    "transcribe": ("transcribe", "speech to text at batch 1 and 16 concurrent: rill, transformers, faster-whisper"),
 }
 
 
