@@ -30,19 +30,15 @@ import trio
 from rill.errors import EngineDeadError, ModelLoadError, RillError
 from rill.speech.core import SpeechCore
 from rill.speech.decoding import SpeechDelta, TranscribeParams
+from rill.speech.whisper import RILL_TINY_SPEECH, speech_model_path
 
 log = logging.getLogger("rill.speech")
 
-RILL_TINY_SPEECH = "rill-tiny-speech"
 
 
 def resolve_speech_model(name: str | Path) -> Path:
     """"rill-tiny-speech" -> the directory shipped in the package; anything else is a local directory."""
-    if str(name) == RILL_TINY_SPEECH:
-        from rill.assets import __file__ as assets_init
-
-        return Path(assets_init).parent / RILL_TINY_SPEECH
-    return Path(name)
+    return speech_model_path(name)
 
 
 def speech_model_available(name: str | Path) -> bool:
@@ -223,8 +219,7 @@ class AsyncSpeechEngine:
             return
         try:
             self.core.add_request(msg.request_id, msg.audio, msg.params)
-        except RillError as exc:  # a bad request fails alone; the engine goes on
-            self.core.abort(msg.request_id)
+        except RillError as exc:  # a bad request fails alone (the core kept nothing of it); the engine goes on
             self._post([RequestRejected(msg.request_id, exc)])
 
     def shutdown(self) -> None:

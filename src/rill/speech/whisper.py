@@ -280,13 +280,18 @@ class WhisperRuntime:
         return KVCache.empty(self.config, rows, self.dtype, self.device)
 
 
-def resolve_speech_dir(model: str | Path) -> Path:
-    """`rill-tiny-speech` names the embedded model; anything else is a local directory."""
+def speech_model_path(model: str | Path) -> Path:
+    """`rill-tiny-speech` names the embedded model; anything else is a local directory (not checked)."""
     if str(model) == RILL_TINY_SPEECH:
         import rill.assets
 
         return Path(rill.assets.__file__).parent / RILL_TINY_SPEECH
-    path = Path(model).expanduser()
+    return Path(model).expanduser()
+
+
+def resolve_speech_dir(model: str | Path) -> Path:
+    """speech_model_path, which must be a directory."""
+    path = speech_model_path(model)
     if not path.is_dir():
         raise ModelLoadError(f"model directory {str(model)!r} does not exist (rill loads local directories only)")
     return path
