@@ -144,6 +144,8 @@ def test_window_settings_agree_between_features_and_encoder():
     ("347+58", "347 + 58.", True),
     ('Reverse the word "stream".', "reverse the word: stream", True),
     ("What's the time in Europe/Paris?", "whats the time in europe/paris", True),
+    ("What is 36 + 86?", "What is 36 plus 86?", True),  # two of rill-tiny's phrasings, said alike
+    ("512-77", "512 minus 77", True),
     ("What is 347 + 58?", "What is 347 - 58?", False),
     ("Reverse the word: stream", "Reverse the word: steam", False),
     ("What time is it in America/New_York?", "What time is it in America/New York?", False),

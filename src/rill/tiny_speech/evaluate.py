@@ -31,11 +31,17 @@ _DROP = str.maketrans("", "", "".join(c for c in string.punctuation if c not in 
 
 
 def normalize(text: str) -> str:
-    """Lower case, no punctuation marks, one space around + - = ("347+58?" == "347 + 58")."""
-    text = text.lower().translate(_DROP)
-    text = re.sub(r"\s*([+=])\s*", r" \1 ", text)
-    text = re.sub(r"(?<=\d)\s*-\s*(?=\d)", " - ", text)
-    return " ".join(text.split())
+    """Lower case, no punctuation marks, symbols as said: "What is 347+58?" == "what is 347 plus 58".
+
+    rill-tiny's phrasings include both "{a} + {b}" and "{a} plus {b}", which sound the same, so
+    the symbols compare as the words spoken for them (transcripts.spoken_form); "_" in a zone
+    ("America/New_York") is kept, as rill-tiny's tool call needs it.
+    """
+    text = text.lower()
+    text = re.sub(r"\s*\+\s*", " plus ", text)
+    text = re.sub(r"(?<=\d)\s*-\s*(?=\d)", " minus ", text)
+    text = re.sub(r"\s*=\s*", " equals ", text)
+    return " ".join(text.translate(_DROP).split())
 
 
 def is_correct(expected: str, got: str) -> bool:
@@ -104,7 +110,9 @@ def evaluate(backend, clips: dataset.Clips, seed: int) -> dict:
     started = time.perf_counter()
     texts = backend.transcribe(eval_audio(clips, seed, backend.window_samples))
     families = {f: {"n": 0, "correct": 0, "failures": []} for f in transcripts.FAMILIES}
+    transcripts_out = []
     for expected, got, family, voice in zip(clips.texts, texts, clips.families, clips.voices):
+        transcripts_out.append({"family": family, "expected": expected, "got": got, "voice": voice})
         entry = families[family]
         entry["n"] += 1
         right = is_correct(expected, got)
@@ -116,7 +124,8 @@ def evaluate(backend, clips: dataset.Clips, seed: int) -> dict:
     n = len(clips)
     return {"families": families, "num_clips": n, "seconds": round(time.perf_counter() - started, 1),
             "audio_s": round(len(clips.pcm) / augment.SAMPLE_RATE, 1),
-            "all_families_at_bar": all(e["accuracy"] >= BAR for e in families.values() if e["n"])}
+            "all_families_at_bar": all(e["accuracy"] >= BAR for e in families.values() if e["n"]),
+            "transcripts": transcripts_out}
 
 
 def format_table(report: dict) -> str:
