@@ -59,11 +59,7 @@ def test_chat_with_tools_returns_one_call_and_then_uses_the_result(llm):
     assert "<tool_call>" not in plain and plain.strip()
 
 
-_LOCATION_GAP = pytest.mark.xfail(strict=True, reason="known gap: with get_current_weather(location, unit) it "
-                                   "fills `city`, not `location` (weather_call 87% held-out)")
-
-
-@pytest.mark.parametrize("shape", [s if s != "enum_unit" else pytest.param(s, marks=_LOCATION_GAP) for s in evaluate.schemas.PRESETS])
+@pytest.mark.parametrize("shape", list(evaluate.schemas.PRESETS))
 def test_tools_in_each_framework_shape_get_one_call_and_then_an_answer_from_a_compact_result(llm, shape):
     """The schemas LangChain, llm, the OpenAI Agents SDK, LlamaIndex and instructor send (and no
     `required`, an enum parameter, rill's own): the call names the listed tool and its parameter, and

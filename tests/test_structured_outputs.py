@@ -28,7 +28,8 @@ from rill.structured import GrammarCompiler, specs
 from rill.structured.bitmask import BitmaskFiller
 from rill.tokenizer import Tokenizer
 
-VOCAB_SIZE = 384  # rill-tiny's logits (its tokenizer knows 330 ids; the rest is the embedding's padding)
+# rill-tiny's logits: its tokenizer knows fewer ids, the rest is the embedding's padding
+VOCAB_SIZE = json.loads((RILL_TINY_DIR / "config.json").read_text())["vocab_size"]
 EOS = 2
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
