@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="output Hugging Face directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=3600)
+    p.add_argument("--steps", type=int, default=8000)
     p.add_argument("--batch-size", type=int, default=32, help="clips per step")
     p.add_argument("--train-clips", type=int, default=32_768, help="distinct synthesised clips (each heard "
                    "several times, augmented differently each time)")
