@@ -137,25 +137,10 @@ def format_table(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> Path:
-    """Accuracy per family as bars, with the bar every family must reach (ImportError without matplotlib)."""
-    from rill.bench.common import save_plot
+    """rill eval-tiny's bar chart, of exact transcripts (ImportError without matplotlib)."""
+    from rill.tiny import evaluate as tiny_evaluate
 
-    families = [f for f, e in report["families"].items() if e["n"]]
-    accuracy = [100 * report["families"][f]["accuracy"] for f in families]
-
-    def draw(axes):
-        ax = axes[0]
-        bars = ax.bar(families, accuracy, color=["tab:green" if a >= 100 * BAR else "tab:red" for a in accuracy])
-        ax.axhline(100 * BAR, color="black", linestyle="--", linewidth=1, label=f"bar {BAR:.0%}")
-        ax.bar_label(bars, fmt="%.0f", fontsize=8)
-        ax.set_ylim(0, 105)
-        ax.set_ylabel("held-out exact transcripts (%)")
-        ax.tick_params(axis="x", rotation=45)
-        ax.legend(loc="lower right")
-
-    n = max(report["families"][f]["n"] for f in families) if families else 0
-    return save_plot(path, draw, title=f"{Path(report['model']).name}: {n} held-out clips per family, "
-                                        f"{report['backend']} backend")
+    return tiny_evaluate.plot(report, path, measure="held-out exact transcripts", unit="clips")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
