@@ -21,6 +21,7 @@ import trio
 
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
+from rill.engine.outbox import Outbox
 from rill.errors import EngineDeadError, RillError
 from rill.outputs import RequestDelta, coalesce
 from rill.sampling_params import SamplingParams
@@ -81,11 +82,7 @@ class AsyncEngine:
         # drains it. When trio falls behind (a fast model, many streams) the steps that pile up
         # reach trio together, in one call, each sequence's deltas merged into one (coalesce):
         # the callback queue stays one long, and each reader wakes once for several steps' tokens.
-        self._outbox: list[RequestDelta] = []
-        self._outbox_stats = self.stats
-        self._outbox_steps = 0
-        self._drain_scheduled = False
-        self._outbox_lock = threading.Lock()
+        self._outbox = Outbox(trio_token, self._drain)  # batches of (deltas, stats, steps)
         self.num_deliveries = 0  # trio-side callbacks that delivered deltas
         self.num_delivered_steps = 0  # engine steps whose deltas they carried
 
@@ -155,25 +152,16 @@ class AsyncEngine:
             self.abort(request_id)
 
     def _post(self, deltas: list[RequestDelta], stats, steps: int = 1) -> None:
-        """Worker thread: queue deltas for trio; schedule a drain unless one is already due."""
-        with self._outbox_lock:
-            self._outbox += deltas
-            self._outbox_stats = stats
-            self._outbox_steps += steps
-            if self._drain_scheduled:
-                return
-            self._drain_scheduled = True
-        self._token.run_sync_soon(self._drain)
+        """Worker thread: one step's deltas (steps=0: a snapshot alone) for the trio thread."""
+        self._outbox.post((deltas, stats, steps))
 
-    def _drain(self) -> None:
+    def _drain(self, batches: list[tuple[list[RequestDelta], object, int]]) -> None:
         # Runs in the trio thread: everything posted since the last drain, in one delivery.
-        with self._outbox_lock:
-            deltas, self._outbox = self._outbox, []
-            steps, self._outbox_steps = self._outbox_steps, 0
-            stats, self._drain_scheduled = self._outbox_stats, False
+        deltas = [delta for batch, _, _ in batches for delta in batch]
+        steps = sum(n for _, _, n in batches)
         self.num_delivered_steps += steps
         self.num_deliveries += bool(deltas or steps)  # a snapshot alone (an idle engine's abort) is no delivery
-        self._deliver(coalesce(deltas) if steps > 1 else deltas, stats)
+        self._deliver(coalesce(deltas) if steps > 1 else deltas, batches[-1][1])
 
     def _deliver(self, deltas: list[RequestDelta], stats) -> None:
         # Runs in the trio thread, once per drain (one or more engine steps).

@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 import trio
 
+from rill.engine.outbox import Outbox
 from rill.errors import EngineDeadError, ModelLoadError, RillError
 from rill.speech.core import SpeechCore
 from rill.speech.decoding import SpeechDelta, TranscribeParams
@@ -82,9 +83,7 @@ class AsyncSpeechEngine:
         self.died = trio.Event()  # set with `dead`: rill serve stops on it as on the LLM engine's
         # Worker -> trio, as in the LLM bridge: deltas pile up in the outbox and one trio callback at
         # a time drains them, so a fast worker never floods trio's callback queue.
-        self._outbox: list[SpeechDelta | RequestRejected] = []
-        self._drain_scheduled = False
-        self._outbox_lock = threading.Lock()
+        self._outbox = Outbox(trio_token, self._drain)  # batches of SpeechDelta | RequestRejected
         self.num_steps = 0  # worker steps run (an int written by the worker alone)
 
     # -- trio side ---------------------------------------------------------------------------------
@@ -145,21 +144,14 @@ class AsyncSpeechEngine:
         self._send(AbortSpeech(request_id))
 
     def _post(self, items: list) -> None:
-        """Worker thread: queue deltas for trio; schedule a drain unless one is already due."""
-        with self._outbox_lock:
-            self._outbox += items
-            if self._drain_scheduled:
-                return
-            self._drain_scheduled = True
-        self._token.run_sync_soon(self._drain)
+        """Worker thread: deltas (or a refusal) for the trio thread."""
+        self._outbox.post(items)
 
-    def _drain(self) -> None:
+    def _drain(self, batches: list[list]) -> None:
         # Trio thread: everything posted since the last drain, in order.
-        with self._outbox_lock:
-            items, self._outbox = self._outbox, []
-            self._drain_scheduled = False
-        for item in items:
-            self._deliver(item)
+        for batch in batches:
+            for item in batch:
+                self._deliver(item)
 
     def _deliver(self, item: SpeechDelta | RequestRejected) -> None:
         send = self._streams.get(item.request_id)

@@ -1,0 +1,36 @@
+"""Worker thread -> trio thread, for the engines' bridges (rill.engine.async_engine, rill.speech.async_speech)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import trio
+
+
+class Outbox:
+    """The worker posts batches; the trio thread gets every batch posted since its last callback in
+    one `deliver(batches)` call, in order. At most one callback is scheduled at a time, so a worker
+    faster than trio coalesces its batches instead of flooding trio's run queue."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken, deliver: Callable[[list], None]):
+        self._token, self._deliver = token, deliver
+        self._batches: list = []
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def post(self, batch) -> None:
+        """Worker thread: queue one batch; schedule a drain unless one is already due."""
+        with self._lock:
+            self._batches.append(batch)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._token.run_sync_soon(self._drain)
+
+    def _drain(self) -> None:
+        # Trio thread: everything posted since the last drain.
+        with self._lock:
+            batches, self._batches = self._batches, []
+            self._scheduled = False
+        self._deliver(batches)
