@@ -262,6 +262,23 @@ async def test_invalid_utf8_in_a_websocket_text_frame_closes_that_connection_onl
             assert json.loads(await ws.get_message())["type"] == "session.created"
 
 
+@pytest.mark.parametrize("error", [trio.BusyResourceError, trio.BrokenResourceError])
+async def test_fault_injected_ping_that_meets_the_close_ends_the_keepalive_not_the_listener(error):
+    """hypercorn's close sends EOF outside its send lock, so a ping racing it raised BusyResourceError
+    in the connection's task group, which took the whole listener down (CI saw it after invalid UTF-8).
+    Fault injected: the stream's send raises as a socket mid-close does."""
+    from types import SimpleNamespace
+
+    from rill.transports import hypercorn_ws
+
+    async def send_raises(event):
+        raise error("another task is currently sending data on this SocketStream")
+
+    stream = SimpleNamespace(config=SimpleNamespace(websocket_ping_interval=0.05), _send_wsproto_event=send_raises)
+    with trio.fail_after(5):
+        await hypercorn_ws._send_pings(stream)  # returns; nothing propagates
+
+
 async def test_an_endless_ndjson_body_is_cut_at_the_session_payload_cap(model_dir):
     """Mode A: an upload past the session's payload cap is refused with 413 when the cap is crossed;
     the server reads (and drops) the rest for at most 5 s so the connection can be reused

@@ -74,6 +74,17 @@ async def _handle(self: WSStream, event) -> None:
 
 
 async def _send_pings(self: WSStream) -> None:
+    """hypercorn closes a connection (`send_eof`) outside the lock its sends take, so a ping that
+    meets the close raises BusyResourceError in this task, and that brought the whole listener down
+    (seen when a client's invalid UTF-8 closed its connection): a ping that cannot go out ends the
+    pinging; the connection is closing anyway."""
+    try:
+        await _ping_until_closed(self)
+    except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        log.debug("realtime keepalive ended with its connection: %r", exc)
+
+
+async def _ping_until_closed(self: WSStream) -> None:
     state, interval_s = _state(self), self.config.websocket_ping_interval
     while not state["closed"].is_set():
         sent_s = trio.current_time()
