@@ -50,6 +50,36 @@ def test_arithmetic_answers_show_column_steps_and_end_with_the_result(a, b):
     assert tasks.arithmetic_answer(512, 77, "-") == "12-7=5, 11-7-1=3, 5-0-1=4. 512 - 77 = 435"
 
 
+@pytest.mark.parametrize(("a", "b", "hard"), [
+    (221, 16, True),   # a borrow into 2-1: "2-1-1=0"
+    (771, 399, True),  # two borrows
+    (159, 158, True),  # the result is shorter than the operands
+    (57, 23, False),
+    (161, 17, False),  # one borrow, then plain columns
+])
+def test_hard_subtractions_are_borrow_chains_and_short_results(a, b, hard):
+    assert tasks.is_hard_subtraction(a, b) is hard
+
+
+def test_training_subtractions_lean_toward_borrow_chains_but_held_out_ones_do_not():
+    def share(split, seed):
+        rng = random.Random(seed)
+        pairs = [tasks.make_exchange(rng, "sub", split, schemas.Toolbox()).key[1:] for _ in range(800)]
+        return sum(tasks.is_hard_subtraction(a, b) for a, b in pairs) / len(pairs)
+
+    assert share(splits.TRAIN, 0) > 0.35
+    assert share(splits.EVAL, 0) < 0.25
+
+
+def test_weather_and_time_tools_are_sometimes_named_alike_so_the_call_must_copy_the_name():
+    rng = random.Random(0)
+    toolboxes = [schemas.sample_toolbox(rng, ["weather", "time"], 0) for _ in range(200)]
+    snake = [(tb.fits["weather"][0].split("_"), tb.fits["time"][0].split("_")) for tb in toolboxes
+             if "_" in tb.fits["weather"][0] + tb.fits["time"][0]]
+    alike = [(w, t) for w, t in snake if w[0] == t[0] and w[-1] == t[-1] and w[0] not in ("weather", "time")]
+    assert 0.25 < len(alike) / len(snake) < 0.8
+
+
 def test_word_answers_spell_then_answer():
     assert tasks.reverse_answer("stream").endswith(". maerts")
     assert tasks.count_answer("banana").endswith('There are 6 letters in "banana".')

@@ -16,7 +16,7 @@ from rill.tiny import schemas, tasks
 from rill.tiny.template import render
 
 # How often each family closes a training conversation (history turns draw from the same mix).
-TRAIN_WEIGHTS = {"add": 3.0, "sub": 4.5, "reverse": 2.0, "uppercase": 2.0, "count": 1.5, "weather": 3.0, "time": 3.0, "about": 1.0}
+TRAIN_WEIGHTS = {"add": 3.0, "sub": 5.5, "reverse": 2.0, "uppercase": 2.0, "count": 1.5, "weather": 3.5, "time": 3.5, "about": 1.0}
 MAX_HISTORY = 4
 
 

@@ -100,11 +100,23 @@ def style_name(name: str, pascal: bool, camel: bool = False) -> str:
     return "_".join(parts)
 
 
-def sample_name(rng: random.Random, kind: str, style: Style) -> str:
+def sample_name(rng: random.Random, kind: str, style: Style, verb: str | None = None, suffix: str | None = None,
+                camel: bool | None = None) -> str:
     """A name a developer might give the tool: get_weather, fetch_local_weather_now, CurrentTime..."""
-    words = (rng.choice(_VERBS), rng.choice(_MIDS[kind]), kind, rng.choice(_SUFFIXES))
+    verb = rng.choice(_VERBS) if verb is None else verb
+    suffix = rng.choice(_SUFFIXES) if suffix is None else suffix
+    words = (verb, rng.choice(_MIDS[kind]), kind, suffix)
     name = "_".join(w for w in words if w)
-    return style_name(name, style.pascal, camel=not style.pascal and rng.random() < 0.15)
+    camel = rng.random() < 0.15 if camel is None else camel
+    return style_name(name, style.pascal, camel=not style.pascal and camel)
+
+
+def look_alike_names(rng: random.Random, kinds: Sequence[str], style: Style) -> dict[str, str]:
+    """Weather and time tools named alike (show_weather beside show_time): the call must copy the
+    kind's word and the verb from the schema, not from habit (held-out misses were show_weather
+    for get_weather and GetTime for GetWeather)."""
+    verb, suffix, camel = rng.choice(_VERBS[:-1]), rng.choice(_SUFFIXES), rng.random() < 0.15
+    return {kind: sample_name(rng, kind, style, verb, suffix, camel) for kind in kinds}
 
 
 def sample_style(rng: random.Random) -> Style:
@@ -139,13 +151,17 @@ def function_tool(name: str, params: Sequence[str], doc: str | None, style: Styl
     return _sorted_keys(tool) if style.sorted_wrapper else tool
 
 
-def tool_for(rng: random.Random, kind: str, style: Style, chosen: tuple[str, str, str] | None = None) -> tuple[dict, str, str]:
+def tool_for(rng: random.Random, kind: str, style: Style, chosen: tuple[str, str, str] | None = None,
+             name: str | None = None) -> tuple[dict, str, str]:
     """The weather or time tool in this style: (schema, name, the parameter a call fills); `chosen`
-    fixes (name, parameter, description), else they are drawn."""
+    fixes (name, parameter, description), `name` only the name, else they are drawn."""
+    if chosen is None and name is not None:
+        param = rng.choice(PARAMS[kind][:2]) if rng.random() < 0.8 else rng.choice(PARAMS[kind])
+        chosen = (name, param, rng.choice(DOCS[kind]))
     if chosen is None and style.enum and rng.random() < 0.5:  # the OpenAI docs' get_current_weather(location, unit)
         chosen = (style_name(f"get_current_{kind}", style.pascal), ("location" if kind == "weather" else "timezone"),
                   DOCS[kind][1])
-    if chosen is None and rng.random() < 0.3:  # the names and docstrings of the common examples
+    if chosen is None and rng.random() < 0.4:  # the names and docstrings of the common examples
         name = style_name(rng.choice((f"get_{kind}", f"get_current_{kind}")), style.pascal)
         chosen = (name, rng.choice(PARAMS[kind][:2]), rng.choice(DOCS[kind][:2]))
     if chosen is None:
@@ -168,8 +184,9 @@ def sample_toolbox(rng: random.Random, kinds: Sequence[str], num_distractors: in
     """The fitting tools for `kinds` plus distractors, in a random order."""
     style = style or sample_style(rng)
     entries, fits = [], {}
+    alike = look_alike_names(rng, kinds, style) if chosen is None and len(kinds) > 1 and rng.random() < 0.5 else {}
     for kind in kinds:
-        tool, name, param = tool_for(rng, kind, style, (chosen or {}).get(kind))
+        tool, name, param = tool_for(rng, kind, style, (chosen or {}).get(kind), alike.get(kind))
         entries.append(tool)
         fits[kind] = (name, param)
     taken = {t["function"]["name"] for t in entries}

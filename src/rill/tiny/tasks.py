@@ -180,9 +180,37 @@ def _qa(task: str, question: str, answer: str, key: tuple | None = None) -> Exch
     return Exchange(task, messages, key)
 
 
+HARD_SUB_SHARE = 0.35  # training subtractions redrawn toward borrow chains (held-out misses were these)
+
+
+def is_hard_subtraction(a: int, b: int) -> bool:
+    """Two or more borrows, a borrow into a column whose digits are equal or differ by one
+    ("221 - 16": 2-1-1=0), or a result with fewer digits than the operands ("159 - 158 = 1")."""
+    width = max(len(str(a)), len(str(b)))
+    da, db = str(a).zfill(width)[::-1], str(b).zfill(width)[::-1]
+    borrows, carry, edge = 0, 0, False
+    for x, y in zip(map(int, da), map(int, db)):
+        if carry and x - y in (0, 1):
+            edge = True
+        carry = int(x - y - carry < 0)
+        borrows += carry
+    return borrows >= 2 or edge or len(str(a - b)) < width
+
+
+def _sub_pair(rng: random.Random, split: str) -> tuple[int, int]:
+    a, b = splits.sample_pair(rng, split, ordered=True)
+    if split == splits.EVAL or rng.random() >= HARD_SUB_SHARE:
+        return a, b
+    for _ in range(50):  # about one pair in four is hard, so this nearly always finds one
+        if is_hard_subtraction(a, b):
+            break
+        a, b = splits.sample_pair(rng, split, ordered=True)
+    return a, b
+
+
 def _arithmetic(task: str):
     def make(rng: random.Random, split: str, toolbox) -> Exchange:
-        a, b = splits.sample_pair(rng, split, ordered=task == "sub")
+        a, b = _sub_pair(rng, split) if task == "sub" else splits.sample_pair(rng, split, ordered=False)
         sign = "+" if task == "add" else "-"
         question = _ask(rng, rng.choice(PHRASINGS[task]), a=a, b=b)
         return _qa(task, question, arithmetic_answer(a, b, sign), (task, a, b))
