@@ -27,7 +27,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from rill.openai import sse
 from rill.openai.errors import ApiError, from_status
-from rill.openai.responses import ModelCard
+from rill.openai.chat_bodies import ModelCard
 from rill.openai.serving import RequestTrace, api_error, current_trace
 from rill.openai.transcriptions import TextDelta, TextDone, TranscriptionRequest, parse_fields, render, token_usage
 from rill.speech.audio import load_audio

@@ -33,7 +33,7 @@ from rill.openai.chat import complete_chat, message_dict, prepare_chat, stream_c
 from rill.openai.completions import complete, prepare_completion, stream_completion
 from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
-from rill.openai.responses import DetokenizeResponse, ModelList, TokenizeResponse
+from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
 from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.sessions import SessionManager, StreamingInputConfig

@@ -23,7 +23,7 @@ from rill.openai.logprobs import chat_logprobs
 from rill.openai.params import chat_sampling_params
 from rill.openai.reasoning_parser import ReasoningStreamer
 from rill.openai.requests import ChatCompletionRequest, FunctionDef, Message, NamedToolChoice, Tool
-from rill.openai.responses import (
+from rill.openai.chat_bodies import (
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatLogprobs, ChatMessage,
     FunctionCallDelta, FunctionCallOut, ToolCallDelta, ToolCallOut, usage,
 )

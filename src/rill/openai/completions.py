@@ -18,7 +18,7 @@ from rill.openai.errors import ApiError, bad_request
 from rill.openai.logprobs import completion_logprobs, echo_logprobs
 from rill.openai.params import completion_sampling_params, echo_only
 from rill.openai.requests import CompletionRequest
-from rill.openai.responses import Completion, CompletionChoice, CompletionLogprobs, usage
+from rill.openai.chat_bodies import Completion, CompletionChoice, CompletionLogprobs, usage
 from rill.openai.serving import RequestTrace, Serving, api_error, decode_body, finish_reason, sampling_error
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ from http import HTTPStatus
 import msgspec
 
 from rill.errors import EngineDeadError, ValidationError
-from rill.openai.responses import ErrorInfo, ErrorResponse
+from rill.openai.chat_bodies import ErrorInfo, ErrorResponse
 
 # msgspec ends a validation message with the path of the bad value: "... - at `$.messages[0].role`".
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")

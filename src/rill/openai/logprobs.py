@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rill.openai.responses import ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob
+from rill.openai.chat_bodies import ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob
 from rill.outputs import TokenLogprob
 
 

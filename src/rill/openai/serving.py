@@ -13,7 +13,7 @@ import msgspec
 
 from rill.errors import ValidationError
 from rill.openai.errors import ApiError, bad_request, from_decode_error, from_exception
-from rill.openai.responses import ModelCard
+from rill.openai.chat_bodies import ModelCard
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
 from rill.structured import Grammar, GrammarCompiler, GrammarSpec

@@ -26,7 +26,7 @@ from rill.openai.chat import ChatJob, chat_job, complete_chat, message_dict, ren
 from rill.openai.completions import CompletionJob, check_completion, complete, prompt_token_ids, stream_completion
 from rill.openai.errors import bad_request
 from rill.openai.requests import ChatCompletionRequest, CompletionRequest, Message
-from rill.openai.responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice
+from rill.openai.chat_bodies import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice
 from rill.openai.serving import RequestTrace, Serving
 from rill.outputs import RequestDelta
 from rill.sessions.chunks import InputChunk

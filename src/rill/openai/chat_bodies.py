@@ -1,4 +1,5 @@
-"""Response bodies and SSE chunks of the OpenAI API, as msgspec structs.
+"""Response bodies and SSE chunks of the Chat Completions, Completions, models and tokenize
+endpoints, as msgspec structs (the Responses API, /v1/responses, lives in `responses_api/`).
 
 Chunk deltas omit unset fields, so a role frame is exactly `{"role": "assistant"}` and a
 terminal frame's delta is `{}`.
