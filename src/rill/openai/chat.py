@@ -67,7 +67,13 @@ class ChatJob:
 
 
 def prepare_chat(serving: Serving, trace: RequestTrace, body: bytes) -> ChatJob:
-    job = chat_job(serving, trace, decode_body(body, ChatCompletionRequest))
+    return prepare_chat_request(serving, trace, decode_body(body, ChatCompletionRequest))
+
+
+def prepare_chat_request(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) -> ChatJob:
+    """A decoded chat request (from the wire, or translated from the Responses API) validated and
+    rendered: its prompt_ids set, ready to run."""
+    job = chat_job(serving, trace, req)
     messages = [message_dict(m, i) for i, m in enumerate(job.request.messages)]
     job.prompt_ids = serving.tokenizer.encode(render_prompt(serving, job, messages), add_special_tokens=False)
     trace.num_prompt_tokens = len(job.prompt_ids)
