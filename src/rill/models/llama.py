@@ -101,7 +101,7 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [T]; kv_caches: one (k_cache, v_cache) per layer -> hidden [T, hidden]
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype, meta)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, kv_cache, meta)
         return self.norm(x)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from rill.models.attention import AttentionMetadata
 from rill.models.config import RopeConfig
 
 
@@ -38,8 +39,11 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", inverse_frequencies(rope, head_dim), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, meta: AttentionMetadata | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [T] -> cos, sin [T, 1, head_dim]; computed in float32 as transformers does.
+        # meta (the step's sequences) is unread here; LongRoPE picks its factors by sequence length.
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
