@@ -33,6 +33,7 @@ from rill.openai.chat import complete_chat, message_dict, prepare_chat, stream_c
 from rill.openai.completions import complete, prepare_completion, stream_completion
 from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
+from rill.openai.responses_api.config import ResponsesConfig
 from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
 from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
@@ -73,6 +74,7 @@ class ServerConfig:
     read_timeout_s: float | None = None
     streaming_input: StreamingInputConfig = field(default_factory=StreamingInputConfig)  # Mode A and B
     max_audio_bytes: int = 25 * 1000 * 1000  # /v1/audio/transcriptions' file limit, OpenAI's 25 MB
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)  # stored and background responses
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -93,6 +95,7 @@ class ServerConfig:
             max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
             max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
+            responses=ResponsesConfig.from_env(),
         )
 
     def serving_options(self) -> ServingOptions:
@@ -112,6 +115,7 @@ class AppState:
         self.metrics = Metrics()
         self.serving: Serving | None = None
         self.speech = None  # rill.transports.audio_http.SpeechServing, set by create_app
+        self.responses = None  # rill.openai.responses_api.background.Responses, set by create_app
         self._stop = trio.Event()
         self.sessions = SessionManager(server.streaming_input)  # its reaper runs in the app's nursery
         attach_streaming_input(self.sessions)
@@ -148,6 +152,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     state.metrics.attach_realtime(hub)
     _install_streaming_input(app, state)
     _install_transcriptions(app, state, speech)
+    _install_responses_store(app, state)
     app.register_error_handler(HTTPException, _http_error)
     if engine is not None:
         state.attach(engine)
@@ -171,6 +176,12 @@ def _install_streaming_input(app: QuartTrio, state: AppState) -> None:
     app.register_blueprint(streaming_input_api)
     app.before_serving(start_sessions)
     app.after_serving(state.sessions.stop)
+
+
+def _install_responses_store(app: QuartTrio, state: AppState) -> None:
+    from rill.transports.responses_store_http import install_responses_store  # it imports this module
+
+    install_responses_store(app, state)
 
 
 def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:

@@ -1,0 +1,127 @@
+"""Stored responses over HTTP (the Responses API's routes besides POST /v1/responses):
+
+    GET    /v1/responses/{id}                 the response object (a background run's current state)
+    GET    /v1/responses/{id}?stream=true&starting_after=N
+                                              a background run's events after sequence number N, then
+                                              the live ones until it ends (SSE with `event:` lines)
+    DELETE /v1/responses/{id}                 forget it (a run in flight is cancelled first)
+    POST   /v1/responses/{id}/cancel          cancel a background run: status "cancelled", KV freed
+    GET    /v1/responses/{id}/input_items     its input items, OpenAI's list object (after, limit, order)
+
+A response belongs to the API key that created it (as Mode B sessions do); other keys get 404.
+The logic is rill.openai.responses_api; this module is the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from quart import Blueprint, Response, request
+from werkzeug.exceptions import HTTPException
+
+from rill.openai.errors import ApiError, bad_request
+from rill.openai.responses_api.background import Responses
+from rill.openai.responses_api.event_log import EventsDropped
+from rill.openai.responses_api.events import sse_frame
+from rill.openai.responses_api.store import StoredResponse, list_page
+from rill.openai.streaming import as_api_error
+from rill.transports.http import AppState, _as_api_error, _error, _json, _sse, _state
+from rill.transports.streaming_input import owner
+
+RESPONSES = "/v1/responses"
+MAX_PAGE = 100  # OpenAI's limit on a list page
+
+responses_store_api = Blueprint("responses_store", __name__)
+
+
+def install_responses_store(app, state: AppState) -> None:
+    """The routes, and the background runs' nursery inside the app's (so a shutdown cancels them)."""
+    state.responses = Responses(state.server.responses)
+
+    async def start_runs() -> None:
+        await app.nursery.start(state.responses.runs.serve)
+
+    app.register_blueprint(responses_store_api)
+    app.before_serving(start_runs)
+
+
+def _responses() -> Responses:
+    return _state().responses
+
+
+@responses_store_api.errorhandler(Exception)
+async def _failed(exc: Exception) -> Response:
+    return _error(_as_api_error(exc) if isinstance(exc, HTTPException) else as_api_error(exc))
+
+
+# -- SSE ---------------------------------------------------------------------------------------------------
+
+
+def follow_frames(record: StoredResponse, starting_after: int | None = None) -> AsyncIterator[bytes]:
+    """A background run's events after `starting_after`, then live ones until it ends. Checked now,
+    so that a bad cursor is an HTTP 400 rather than an error inside a stream. A reader that leaves
+    does not cancel the run."""
+    if record.log is None:
+        raise bad_request(f"response {record.id!r} was not created with background: true: it has no "
+                          "events to stream; GET it without stream=true", param="stream")
+    try:
+        record.log.check_resumable(starting_after)
+    except EventsDropped as exc:
+        raise bad_request(str(exc), param="starting_after") from exc
+    return _frames(record, starting_after)
+
+
+async def _frames(record: StoredResponse, starting_after: int | None) -> AsyncIterator[bytes]:
+    async for event in record.log.follow(starting_after):
+        yield sse_frame(event)
+
+
+# -- routes ------------------------------------------------------------------------------------------------
+
+
+@responses_store_api.get(f"{RESPONSES}/<response_id>")
+async def retrieve(response_id: str) -> Response:
+    record = _responses().store.get(response_id, owner())
+    if _flag("stream"):
+        return _sse(follow_frames(record, _int_arg("starting_after", None, minimum=0)))
+    return _json(record.response)
+
+
+@responses_store_api.delete(f"{RESPONSES}/<response_id>")
+async def delete(response_id: str) -> Response:
+    _responses().runs.delete(response_id, owner())
+    return _json({"id": response_id, "object": "response", "deleted": True})
+
+
+@responses_store_api.post(f"{RESPONSES}/<response_id>/cancel")
+async def cancel(response_id: str) -> Response:
+    return _json(await _responses().runs.cancel(response_id, owner()))
+
+
+@responses_store_api.get(f"{RESPONSES}/<response_id>/input_items")
+async def input_items(response_id: str) -> Response:
+    record = _responses().store.get(response_id, owner())
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order must be 'asc' or 'desc', not {order!r}", param="order")
+    limit = _int_arg("limit", 20, minimum=1)
+    if limit > MAX_PAGE:
+        raise bad_request(f"limit must be at most {MAX_PAGE}", param="limit")
+    return _json(list_page(record.input_items, after=request.args.get("after"), limit=limit, order=order))
+
+
+def _flag(name: str) -> bool:
+    value = request.args.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise bad_request(f"{name} must be true or false, not {value!r}", param=name)
+    return value in ("true", "1")
+
+
+def _int_arg(name: str, default: int | None, *, minimum: int) -> int | None:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) < minimum:
+        raise ApiError(400, f"{name} must be an integer >= {minimum}, not {text!r}", param=name,
+                       code="invalid_value")
+    return int(text)
