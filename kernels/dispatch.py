@@ -28,13 +28,15 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 def paged_attention(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=None, out=None,
-    max_query_len=None,
+    max_query_len=None, softcap=None,
 ):
     """max_query_len: the largest q_len in the batch (or an upper bound), if the caller knows it;
-    it spares the Triton path a device sync when choosing between decode and prefill."""
+    it spares the Triton path a device sync when choosing between decode and prefill.
+    softcap: attention logit soft-capping (Gemma 2), None for none."""
     backend = reference
     if _use_triton(query):
         from rill.kernels import triton_attn as backend
     return backend.paged_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out, max_query_len
+        query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out, max_query_len,
+        softcap=softcap,
     )

@@ -34,17 +34,31 @@ def _gather_context(cache, table, first_block, num_blocks):
     return cache[ids].flatten(0, 1)
 
 
-def _attend(q, k, v, q_pos, k_pos, window, scale):
-    # q: [Tq, H, D], k/v: [Tk, Hkv, D]; positions are absolute token positions. torch's fused
-    # scaled_dot_product_attention (grouped-query aware) in float32 with the causal + window mask;
-    # every query sees at least its own key, so no row is fully masked.
+def _sdpa(q, k, v, visible, scale, softcap):
+    """q: [b, H, Tq, D], k/v: [b, Hkv, Tk, D], visible: broadcastable to [b, H, Tq, Tk]; float32.
+
+    Without softcap, torch's fused scaled_dot_product_attention (grouped-query aware). With it,
+    the scores are capped as Gemma 2 computes them (softcap * tanh(scores / softcap), before
+    the mask), which the fused call cannot express."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = softcap * torch.tanh(q @ k.transpose(-1, -2) * (scale / softcap))
+    return scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+
+
+def _attend(q, k, v, q_pos, k_pos, window, scale, softcap):
+    # q: [Tq, H, D], k/v: [Tk, Hkv, D]; positions are absolute token positions. Attention in
+    # float32 with the causal + window mask; every query sees at least its own key, so no row
+    # is fully masked.
     visible = k_pos[None, :] <= q_pos[:, None]  # [Tq, Tk]
     if window is not None:
         visible &= k_pos[None, :] > q_pos[:, None] - window
     # A batch dimension matters: unbatched inputs take torch's slow math path on CPU.
-    out = F.scaled_dot_product_attention(
+    out = _sdpa(
         q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
-        attn_mask=visible, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+        visible, scale, softcap,
     )  # [1, H, Tq, D]
     return out[0].transpose(0, 1)
 
@@ -60,6 +74,7 @@ def paged_attention(
     window: int | None = None,
     out: torch.Tensor | None = None,  # [T, H, D]
     max_query_len: int | None = None,  # a hint for the kernels' choice; unused here
+    softcap: float | None = None,  # Gemma 2's attention logit soft-capping; None: off
 ) -> torch.Tensor:
     """Varlen attention of each sequence's new queries over its paged context.
 
@@ -69,7 +84,7 @@ def paged_attention(
     if out is None:
         out = torch.empty_like(query)
     if query.shape[0] == seq_lens.shape[0]:  # every sequence has one query: batched decode
-        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window))
+        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap))
         return out
     # A mixed step: the one-query sequences still go through batched decode (one fused call per
     # bucket), so only the prefill chunks are attended one sequence at a time.
@@ -77,7 +92,8 @@ def paged_attention(
     single = (q_lens == 1).nonzero().squeeze(1)
     if single.numel():
         rows = query_start_loc[single].long()
-        decoded = _decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window)
+        decoded = _decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window,
+                          softcap)
         out[rows] = decoded.to(out.dtype)
     block_size = k_cache.shape[1]
     starts = query_start_loc.tolist()
@@ -94,11 +110,11 @@ def paged_attention(
         k, v = k[: seq_len - base], v[: seq_len - base]
         k_pos = torch.arange(base, seq_len, device=query.device)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
-        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_pos, k_pos, window, scale).to(out.dtype)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_pos, k_pos, window, scale, softcap).to(out.dtype)
     return out
 
 
-def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window):
+def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap=None):
     """All sequences, in buckets of similar context length (little padding), each bucket one fused
     scaled_dot_product_attention over the blocks its sequences' windows can see."""
     num_seqs, heads, dim = query.shape
@@ -116,10 +132,8 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window):
         valid = (pos < lens[seqs, None]) & (pos >= first[seqs, None])
         k = _gather_rows(k_cache, ids, 0, ~valid)  # [b, Hkv, L, D], a view of reused scratch memory
         v = _gather_rows(v_cache, ids, 1, ~valid)
-        o = F.scaled_dot_product_attention(
-            query[seqs, :, None, :].float(), k.float(), v.float(), attn_mask=valid[:, None, None, :],
-            scale=scale, enable_gqa=heads != k.shape[1],
-        )  # [b, H, 1, D]
+        o = _sdpa(query[seqs, :, None, :].float(), k.float(), v.float(), valid[:, None, None, :], scale, softcap)
+        # [b, H, 1, D]
         out[seqs] = o[:, :, 0, :]
     return out
 

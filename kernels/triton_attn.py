@@ -67,14 +67,25 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _soft_cap(s, cap):
+    # cap * tanh(s / cap), tanh from exp2 (the interpreter has no tanh): 1 - 2 / (e^2x + 1) is
+    # exact at both ends (e^2x overflowing to inf gives 1, underflowing to 0 gives -1).
+    e = tl.exp2(s * (2.0 * LOG2E / cap))
+    return cap * (1.0 - 2.0 / (e + 1.0))
+
+
+@triton.jit
 def _attend_tile(
-    q, acc, m_i, l_i, k_cache, v_cache, kv_off, valid, visible, qk_scale,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    q, acc, m_i, l_i, k_cache, v_cache, kv_off, valid, visible, qk_scale, cap,
+    HEAD_DIM: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    # One online-softmax step (base 2) over a tile of keys; visible: [rows, BLOCK_N].
+    # One online-softmax step (base 2) over a tile of keys; visible: [rows, BLOCK_N]. Scores are
+    # in base-2 units (qk_scale holds log2 e), so the soft cap is too: cap = softcap * log2 e.
     d = tl.arange(0, HEAD_DIM)[None, :]
     k = tl.load(k_cache + kv_off[:, None] + d, mask=valid[:, None], other=0.0)
     s = _dot(q, tl.trans(k), DOT_PRECISION, UPCAST) * qk_scale
+    if HAS_SOFTCAP:
+        s = _soft_cap(s, cap)
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.exp2(s - m_new[:, None])
@@ -87,10 +98,10 @@ def _attend_tile(
 @triton.jit
 def _decode_kernel(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-    qk_scale, window, num_splits, num_heads,
+    qk_scale, cap, window, num_splits, num_heads,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_ct, stride_ch, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -121,8 +132,8 @@ def _decode_kernel(
         valid = (tok >= lo) & (tok < split_hi)
         kv_off = _kv_offsets(table_row, tok, valid, kv_head, stride_cb, stride_ct, stride_ch, PAGE)
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache, v_cache, kv_off, valid, valid[None, :], qk_scale,
-            HEAD_DIM, DOT_PRECISION, UPCAST,
+            q, acc, m_i, l_i, k_cache, v_cache, kv_off, valid, valid[None, :], qk_scale, cap,
+            HEAD_DIM, HAS_SOFTCAP, DOT_PRECISION, UPCAST,
         )
 
     has_keys = l_i > 0
@@ -173,10 +184,10 @@ def _find_seq(query_start_loc, num_seqs, tile, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _prefill_kernel(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-    qk_scale, window, num_seqs,
+    qk_scale, cap, window, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_ct, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     tile, kv_head = tl.program_id(0), tl.program_id(1)
@@ -213,7 +224,8 @@ def _prefill_kernel(
         if HAS_WINDOW:
             visible = visible & (tok[None, :] > q_pos[:, None] - window)
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache, v_cache, kv_off, valid, visible, qk_scale, HEAD_DIM, DOT_PRECISION, UPCAST
+            q, acc, m_i, l_i, k_cache, v_cache, kv_off, valid, visible, qk_scale, cap,
+            HEAD_DIM, HAS_SOFTCAP, DOT_PRECISION, UPCAST,
         )
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -246,11 +258,13 @@ def paged_attention(
     window: int | None = None,
     out: torch.Tensor | None = None,  # [T, H, D]
     max_query_len: int | None = None,
+    softcap: float | None = None,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Varlen paged attention; same contract as `reference.paged_attention`.
 
+    softcap (None: off) caps each score as softcap * tanh(score / softcap) before the mask.
     max_query_len (exact, or any upper bound above 1) picks the kernel without a device
     sync: 1 runs the decode kernel, more runs the prefill kernel. num_splits overrides
     the decode kernel's split-K heuristic (tests and benchmarks).
@@ -268,7 +282,7 @@ def paged_attention(
         raise ValueError(f"query is {query.dtype} but the cache is {k_cache.dtype}/{v_cache.dtype}")
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # syncs
-    args = (query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * LOG2E, window)
+    args = (query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale * LOG2E, window, softcap)
     if max_query_len <= 1:
         _launch_decode(*args, num_splits)
     else:
@@ -276,7 +290,7 @@ def paged_attention(
     return out
 
 
-def _launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, qk_scale, window,
+def _launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, qk_scale, window, softcap,
                    num_splits):
     num_seqs, (num_heads, head_dim), num_kv_heads = seq_lens.shape[0], query.shape[1:], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -289,11 +303,11 @@ def _launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_
         lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, parts, lse,
-        qk_scale, window or 0, num_splits, num_heads,
+        qk_scale, (softcap or 0.0) * LOG2E, window or 0, num_splits, num_heads,
         *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         PAGE=k_cache.shape[1], BLOCK_N=DECODE_CONFIG["BLOCK_N"], HAS_WINDOW=window is not None,
-        SPLIT=num_splits > 1, DOT_PRECISION=_dot_precision(query), UPCAST=_upcast_dots(query),
+        SPLIT=num_splits > 1, HAS_SOFTCAP=softcap is not None, DOT_PRECISION=_dot_precision(query), UPCAST=_upcast_dots(query),
         num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"],
     )
     if num_splits > 1:
@@ -303,17 +317,18 @@ def _launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_
         )
 
 
-def _launch_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, qk_scale, window):
+def _launch_prefill(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, qk_scale, window,
+                    softcap):
     num_seqs, (num_tokens, num_heads, head_dim), num_kv_heads = seq_lens.shape[0], query.shape, k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_m = max(PREFILL_CONFIG["BLOCK_M"], triton.next_power_of_2(group))
     block_q = block_m // group
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        qk_scale, window or 0, num_seqs,
+        qk_scale, (softcap or 0.0) * LOG2E, window or 0, num_seqs,
         *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_N=PREFILL_CONFIG["BLOCK_N"], HAS_WINDOW=window is not None,
+        BLOCK_N=PREFILL_CONFIG["BLOCK_N"], HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None,
         DOT_PRECISION=_dot_precision(query), UPCAST=_upcast_dots(query),
         num_warps=PREFILL_CONFIG["num_warps"], num_stages=PREFILL_CONFIG["num_stages"],
     )

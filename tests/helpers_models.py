@@ -19,7 +19,7 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 
 
 def _config(arch: str, vocab_size: int, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     kinds = {
         "llama": (LlamaConfig, {}),
@@ -31,12 +31,34 @@ def _config(arch: str, vocab_size: int, **overrides):
         "mistral": (MistralConfig, {"sliding_window": 24}),
         "qwen2": (Qwen2Config, {"tie_word_embeddings": True}),
         "qwen3": (Qwen3Config, {"head_dim": 32}),
+        **gemma_kinds(Gemma2Config, Gemma3TextConfig),
     }
     cls, extra = kinds[arch]
     # A wider init than transformers' default keeps the logits apart, so greedy argmax is not
     # decided by float rounding.
     return cls(vocab_size=vocab_size, initializer_range=0.2, eos_token_id=None, bos_token_id=None,
                pad_token_id=None, **{**SMALL, **extra, **overrides})
+
+
+def gemma_kinds(gemma2, gemma3) -> dict:
+    """Gemma 2 (every other layer slides) and Gemma 3 (two sliding layers to one global), with windows
+    shorter than the parity prompts, a query scale and soft caps that differ from the defaults and bite
+    at these sizes, and (Gemma 3) a local RoPE base and linear scaling of the global one."""
+    return {
+        "gemma2": (gemma2, {"head_dim": 16, "num_hidden_layers": 4, "sliding_window": 24, "query_pre_attn_scalar": 24,
+                            "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0}),
+        "gemma3": (gemma3, {"head_dim": 32, "num_hidden_layers": 4, "sliding_window": 16, "sliding_window_pattern": 3,
+                            "query_pre_attn_scalar": 16, "rope_local_base_freq": 100.0, "final_logit_softcapping": 20.0,
+                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    }
+
+
+def _spread_norm_weights(model) -> None:
+    """Gemma initializes its (1 + weight) norms to weight 0; random ones make the parity tests see the 1 +."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0.0, 0.2)
 
 
 def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch.float32, seed: int = 0,
@@ -49,6 +71,8 @@ def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch
     cfg = _config(arch, backend.get_vocab_size(), **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    if arch.startswith("gemma"):
+        _spread_norm_weights(model)
     model.save_pretrained(path)
     return path
 

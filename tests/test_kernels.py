@@ -76,6 +76,7 @@ class Case:
     query_start_loc: torch.Tensor  # [S + 1] int32
     scale: float
     window: int | None
+    softcap: float | None = None
 
     @property
     def args(self):
@@ -110,7 +111,7 @@ def draw_lengths(gen: torch.Generator, batch: int, page: int, window: int | None
     return lens
 
 
-def make_case(gen, seq_lens, q_lens, *, group, head_dim, page, window, dtype) -> Case:
+def make_case(gen, seq_lens, q_lens, *, group, head_dim, page, window, dtype, softcap=None) -> Case:
     num_kv_heads = SIZES.kv_heads[group]
     blocks = [-(-n // page) for n in seq_lens]
     num_blocks = sum(blocks) + 1
@@ -131,16 +132,17 @@ def make_case(gen, seq_lens, q_lens, *, group, head_dim, page, window, dtype) ->
     query = randn((int(starts[-1]), num_kv_heads * group, head_dim), gen, dtype)
     seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
     return Case(query, k_cache, v_cache, table.to(DEVICE), seq_lens.to(DEVICE), starts.to(DEVICE),
-                head_dim**-0.5, window)
+                head_dim**-0.5, window, softcap)
 
 
 def run_and_check(case: Case, attention=None, **kwargs) -> None:
     attention = attention or (dispatch.paged_attention if ON_GPU else triton_attn.paged_attention)
     out = torch.full_like(case.query, float("nan"))
-    attention(*case.args, out=out, **kwargs)
+    attention(*case.args, out=out, softcap=case.softcap, **kwargs)
     # The oracle runs on the CPU in float32, whatever device the kernels ran on.
     cpu_args = [t.cpu() if isinstance(t, torch.Tensor) else t for t in case.args]
-    expected = reference.paged_attention(*cpu_args, out=torch.empty(case.query.shape, dtype=torch.float32))
+    expected = reference.paged_attention(*cpu_args, out=torch.empty(case.query.shape, dtype=torch.float32),
+                                         softcap=case.softcap)
     out = out.cpu()
     assert not out.isnan().any(), f"{int(out.isnan().sum())} output elements unwritten or poisoned"
     err, ref = (out.double() - expected.double()), expected.double()
@@ -237,6 +239,43 @@ def test_prefill_handles_empty_sequences_and_loose_max_query_len():
     run_and_check(case, triton_attn.paged_attention, max_query_len=100)
 
 
+# Scores q.k * scale have a standard deviation near 1 here, so a cap of 1.5 bends most of them.
+SOFTCAP = 1.5
+
+
+@launches
+@pytest.mark.parametrize("num_splits,dtype,window", [(1, torch.float32, "small"), (2, torch.bfloat16, None)])
+def test_decode_soft_caps_scores_like_the_reference(num_splits, dtype, window):
+    gen = seeded("softcap decode", num_splits, dtype, window)
+    window = _window(window)
+    seq_lens = draw_lengths(gen, SIZES.batches[1], 16, window)
+    case = make_case(gen, seq_lens, [1] * len(seq_lens), group=4, head_dim=32, page=16, window=window,
+                     dtype=dtype, softcap=SOFTCAP)
+    run_and_check(case, triton_attn.paged_attention, max_query_len=1, num_splits=num_splits)
+
+
+@launches
+@pytest.mark.parametrize("dtype,window", [(torch.float32, "small"), (torch.bfloat16, None)])
+def test_chunked_prefill_soft_caps_scores_like_the_reference(dtype, window):
+    gen = seeded("softcap prefill", dtype, window)
+    window = _window(window)
+    seq_lens = draw_lengths(gen, SIZES.batches[1], 8, window)
+    q_lens = draw_chunks(gen, seq_lens)
+    q_lens[0] = seq_lens[0] = max(seq_lens[0], 2)
+    case = make_case(gen, seq_lens, q_lens, group=1, head_dim=32, page=8, window=window, dtype=dtype,
+                     softcap=SOFTCAP)
+    run_and_check(case, max_query_len=max(q_lens))
+
+
+def test_reference_soft_cap_changes_the_result():
+    """Guards the tests above: a cap this tight must move the output, or they would pass vacuously."""
+    gen = seeded("softcap matters")
+    case = make_case(gen, [37, 5], [37, 1], group=1, head_dim=32, page=8, window=None, dtype=torch.float32)
+    cpu_args = [t.cpu() if isinstance(t, torch.Tensor) else t for t in case.args]
+    capped = reference.paged_attention(*cpu_args, softcap=SOFTCAP)
+    assert (capped - reference.paged_attention(*cpu_args)).abs().max() > 0.05
+
+
 @launches
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16)])
 @pytest.mark.parametrize("num_kv_heads,head_dim", [(1, 32), (8, 128)])
@@ -259,7 +298,7 @@ def test_write_kv_fills_exactly_the_mapped_slots(dtype, cache_dtype, num_kv_head
 
 def test_dispatch_uses_reference_on_cpu_unless_interpreting(monkeypatch):
     calls = []
-    monkeypatch.setattr(triton_attn, "paged_attention", lambda *args: calls.append(args))
+    monkeypatch.setattr(triton_attn, "paged_attention", lambda *args, **kwargs: calls.append(args))
     gen = seeded("dispatch")
     case = make_case(gen, [5], [1], group=1, head_dim=32, page=4, window=None, dtype=torch.float32)
     cpu_args = [t.cpu() if isinstance(t, torch.Tensor) else t for t in case.args]

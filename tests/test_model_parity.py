@@ -15,6 +15,7 @@ from rill.models.attention import AttentionMetadata
 from rill.models.loader import load
 
 ARCHS = ["llama", "llama3-rope", "llama-linear-rope", "mistral", "qwen2", "qwen3"]
+ARCHS += ["gemma2", "gemma3"]  # windows of 24 and 16 tokens on half their layers
 PROMPTS = [
     "Hello world!",
     "The quick brown fox jumps over the lazy dog. " * 3,  # longer than mistral's 24-token window

@@ -16,11 +16,13 @@ from rill.kernels import reference
 BLOCK = 8
 
 
-def dense(q, k, v, q_pos, window, scale):
+def dense(q, k, v, q_pos, window, scale, softcap=None):
     """q: [Tq, H, D] at absolute positions q_pos; k/v: [Tk, Hkv, D] for positions 0..Tk-1."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap is not None:  # Gemma 2: scores / cap -> tanh -> * cap, before the mask
+        scores = torch.tanh(scores / softcap) * softcap
     k_pos = torch.arange(k.shape[0])
     visible = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
@@ -98,6 +100,22 @@ def test_a_mixed_step_equals_dense_attention(window, heads, kv_heads):
         rows = slice(int(starts[i]), int(starts[i + 1]))
         want = dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 0.25)
         torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 12])
+def test_soft_capped_mixed_step_equals_dense_attention(window):
+    lens, q_lens = [30, 9, 61, 40], [10, 1, 1, 40]
+    k_cache, v_cache, tables, contexts = paged_case(lens, 8, 2, 16, window, seed=5, q_lens=q_lens)
+    q = torch.randn(sum(q_lens), 8, 16)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    # scale 1 puts most scores past the cap of 2, where tanh bends them
+    out = reference.paged_attention(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), starts,
+                                    1.0, window, softcap=2.0)
+    for i, (n, (k, v)) in enumerate(zip(lens, contexts)):
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        want = dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 1.0, softcap=2.0)
+        torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(want, dense(q[rows], k, v, torch.arange(n - q_lens[i], n), window, 1.0), atol=1e-3)
 
 
 def test_one_thread_can_attend_inside_and_then_outside_inference_mode():

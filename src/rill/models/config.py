@@ -113,6 +113,11 @@ def _eos_ids(cfg: dict, generation: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
+# Gemma 2 and 3 read fields and defaults of their own (gemma_config.py, which imports this module).
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+SUPPORTED_ARCHITECTURES += GEMMA_ARCHITECTURES
+
+
 def load_model_config(model_dir: Path, generation: dict | None = None, dtype: str | None = None) -> ModelConfig:
     file = model_dir / "config.json"
     if not file.is_file():
@@ -127,6 +132,10 @@ def load_model_config(model_dir: Path, generation: dict | None = None, dtype: st
         raise ModelLoadError(
             f"{file}: architectures {archs} not supported; rill supports {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    if arch in GEMMA_ARCHITECTURES:
+        from rill.models.gemma_config import load_gemma_config
+
+        return load_gemma_config(cfg, arch, file, generation or {}, dtype)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ModelLoadError(f"{file}: hidden_act {act!r} is not supported (only silu)")

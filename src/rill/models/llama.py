@@ -42,6 +42,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.window = window
         self.scale = cfg.head_dim**-0.5
+        self.softcap: float | None = None  # attention logit soft-capping (Gemma 2 sets it)
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -54,7 +55,8 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = kernels.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, self.scale, self.window
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, self.scale, self.window,
+            softcap=self.softcap,
         )
         return self.o_proj(out.flatten(1))
 

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from rill.errors import ModelLoadError
 from rill.models.config import ModelConfig, load_model_config
 from rill.models.llama import CausalLM
-from rill.models.rope import inverse_frequencies
+from rill.models.rope import RotaryEmbedding
 
 # rill's fused parameters and the Hugging Face tensors concatenated into them, in order.
 _FUSED = {
@@ -74,9 +74,18 @@ class _Checkpoint:
         return self._open[path].get_tensor(name)
 
 
-def _hf_sources(name: str) -> list[str]:
+# Where a checkpoint keeps the decoder: causal LMs under "model.", Gemma 3's multimodal checkpoints
+# (Gemma3ForConditionalGeneration, whose text part rill loads) as transformers 5 and 4 save them.
+_TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
+
+def _text_prefix(ckpt: _Checkpoint) -> str:
+    return next((p for p in _TEXT_PREFIXES if f"{p}embed_tokens.weight" in ckpt), "model.")
+
+
+def _hf_sources(name: str, text_prefix: str = "model.") -> list[str]:
     """Our parameter name -> the Hugging Face tensor names that fill it."""
-    prefix = "" if name.startswith("lm_head") else "model."
+    prefix = "" if name.startswith("lm_head") else text_prefix
     for fused, parts in _FUSED.items():
         if f".{fused}." in f".{name}":
             return [prefix + name.replace(fused, part) for part in parts]
@@ -93,8 +102,8 @@ def _part_rows(name: str, cfg: ModelConfig) -> list[int] | None:
     return None
 
 
-def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint, cfg: ModelConfig) -> None:
-    sources = _hf_sources(name)
+def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint, cfg: ModelConfig, text_prefix: str) -> None:
+    sources = _hf_sources(name, text_prefix)
     rows = _part_rows(name, cfg) or [param.shape[0]]
     tensors = []
     for src, n in zip(sources, rows):
@@ -109,21 +118,32 @@ def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint, cfg: ModelCon
         param.copy_((tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)).to(param.dtype))
 
 
+def _model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
+    """The decoder module for the config's architecture; Llama's serves every family it covers."""
+    if cfg.architecture.startswith("Gemma"):
+        from rill.models.gemma import GemmaCausalLM
+
+        return GemmaCausalLM
+    return CausalLM
+
+
 def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "cpu") -> CausalLM:
     ckpt = _Checkpoint(model_dir)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = _model_class(cfg)(cfg)
     model = model.to_empty(device=device).to(cfg.dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     # meta buffers carry no data; inverse frequencies stay float32 whatever the weights' dtype
-    model.rotary.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim).to(device)
+    for rotary in (m for m in model.modules() if isinstance(m, RotaryEmbedding)):
+        rotary.inv_freq = rotary.frequencies().to(device)
+    text_prefix = _text_prefix(ckpt)
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if name == "lm_head.weight" and "lm_head.weight" not in ckpt:
             raise ModelLoadError(f"{model_dir}: 'lm_head.weight' missing and tie_word_embeddings is false")
-        _load_param(param, name, ckpt, cfg)
+        _load_param(param, name, ckpt, cfg, text_prefix)
     return model.eval()
 
 

@@ -37,7 +37,12 @@ def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
-        self.register_buffer("inv_freq", inverse_frequencies(rope, head_dim), persistent=False)
+        self.rope, self.head_dim = rope, head_dim  # kept to refill inv_freq after a meta-device build
+        self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def frequencies(self) -> torch.Tensor:
+        """inv_freq from the RoPE config, in float32 (the loader refills it after a meta-device build)."""
+        return inverse_frequencies(self.rope, self.head_dim)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype, meta: AttentionMetadata | None = None
