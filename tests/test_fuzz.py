@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from functools import partial
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -55,6 +56,36 @@ def bodies(required: dict) -> st.SearchStrategy:
 
 chat_bodies = bodies({"messages": st.one_of(messages, json_values)})
 completion_bodies = bodies({"prompt": st.one_of(st.text(max_size=30), st.lists(small_ints, max_size=5), json_values)})
+# /v1/responses: input items of every type the API names (and some it does not), in the shapes OpenAI
+# sends and in wrong ones; tools in the flat form; the stored-response fields.
+content_parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image",
+                                                                         "x"])}, optional={"text": json_values}),
+                         max_size=3)
+input_items = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant", "tool"])},
+                          optional={"type": st.just("message"), "content": st.one_of(st.text(max_size=30), content_parts),
+                                    "id": st.text(max_size=8)}),
+    st.fixed_dictionaries({"type": st.just("function_call")},
+                          optional={"call_id": json_values, "name": json_values, "arguments": json_values}),
+    st.fixed_dictionaries({"type": st.just("function_call_output")},
+                          optional={"call_id": json_values, "output": json_values}),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "item_reference", "nope"])},
+                          optional={"summary": json_values, "id": json_values}),
+    json_values), max_size=3)
+flat_tools = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search", "x"])},
+                                            optional={"name": st.text(max_size=8), "parameters": json_values,
+                                                      "strict": json_values}), max_size=2)
+RESPONSES = {"max_output_tokens": st.one_of(small_ints, json_values), "temperature": st.one_of(st.floats(-1, 3), json_values),
+             "top_p": st.floats(-1, 2), "instructions": st.one_of(st.text(max_size=20), json_values),
+             "tools": st.one_of(flat_tools, json_values), "tool_choice": json_values,
+             "parallel_tool_calls": json_values, "text": json_values, "reasoning": json_values,
+             "metadata": json_values, "user": json_values, "previous_response_id": st.one_of(st.text(max_size=12),
+                                                                                            json_values),
+             "store": st.one_of(st.booleans(), json_values), "background": st.booleans(), "stream": st.booleans(),
+             "include": json_values, "truncation": json_values, "model": st.text(max_size=10),
+             "unknown_field": json_values}
+responses_bodies = st.tuples(st.fixed_dictionaries({"input": st.one_of(st.text(max_size=30), input_items, json_values)}),
+                             st.fixed_dictionaries({}, optional=RESPONSES)).map(lambda parts: {**parts[0], **parts[1]})
 raw_bodies = st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode()))
 
 
@@ -114,7 +145,7 @@ def test_fuzz_completions(client, body):
 
 @EXAMPLES
 @given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
-                             "/v1/streaming_input/sessions"]), body=raw_bodies)
+                             "/v1/streaming_input/sessions", "/v1/responses"]), body=raw_bodies)
 def test_fuzz_raw_bodies_on_every_json_route(client, path, body):
     check_answer(post(client, path, body), client)
 
@@ -127,6 +158,28 @@ def test_fuzz_raw_bodies_on_every_json_route(client, path, body):
 def test_fuzz_mode_a_ndjson_bodies(client, first, lines):
     body = b"\n".join([json.dumps(first).encode(), *[line.replace(b"\n", b" ") for line in lines]]) + b"\n"
     check_answer(post(client, "/v1/chat/completions", body, "application/x-ndjson"), client)
+
+
+@EXAMPLES
+@given(body=responses_bodies)
+def test_fuzz_responses(client, body):
+    """Every body is answered; one answered 200 as JSON and stored can be read back."""
+    response = post(client, "/v1/responses", body)
+    check_answer(response, client)
+    if response.status_code == 200 and response.headers["content-type"].startswith("application/json") \
+            and response.json()["store"]:
+        assert client.get(f"/v1/responses/{response.json()['id']}").status_code == 200
+
+
+@EXAMPLES
+@given(method=st.sampled_from(["GET", "DELETE"]), response_id=st.text(max_size=12),
+       suffix=st.sampled_from(["", "/input_items", "/cancel"]),
+       query=st.dictionaries(st.sampled_from(["stream", "starting_after", "limit", "order", "after", "include"]),
+                             st.text(max_size=8), max_size=3))
+def test_fuzz_stored_response_routes(client, method, response_id, suffix, query):
+    method = "POST" if suffix == "/cancel" else method
+    path = "/v1/responses/" + quote(response_id or "x", safe="") + suffix
+    check_answer(client.request(method, path, params=query), client)
 
 
 @pytest.fixture(scope="module")
