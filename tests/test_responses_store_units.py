@@ -349,3 +349,19 @@ async def test_fault_injected_server_shutdown_cancels_every_run():
         nursery.cancel_scope.cancel()
     assert all(d.aborted for d in drivers) and runs.num_running == 0
     assert {s.get(d.response_id, None).status for d in drivers} == {"cancelled"}
+
+
+async def test_a_reader_the_log_overtook_gets_an_error_event_not_a_broken_stream():
+    from rill.openai.responses_api.store import StoredResponse
+    from rill.transports.responses_store_http import follow_frames
+
+    log = EventLog(2)
+    record = StoredResponse(response("resp_a", "in_progress"), [], [], None, 0.0, background=True, log=log)
+    log.append(event(0))
+    frames = follow_frames(record)
+    assert (await anext(frames)).startswith(b"event: response.output_text.delta\n")
+    for n in range(1, 4):
+        log.append(event(n))  # events 1 and 2 leave the log before the reader reads them
+    assert (await anext(frames)).startswith(b"event: error\n")
+    with pytest.raises(StopAsyncIteration):
+        await anext(frames)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
@@ -72,8 +73,12 @@ def follow_frames(record: StoredResponse, starting_after: int | None = None) -> 
 
 
 async def _frames(record: StoredResponse, starting_after: int | None) -> AsyncIterator[bytes]:
-    async for event in record.log.follow(starting_after):
-        yield sse_frame(event)
+    try:
+        async for event in record.log.follow(starting_after):
+            yield sse_frame(event)
+    except EventsDropped as exc:  # a reader so slow that the log dropped events it had not read
+        yield b"event: error\ndata: " + msgspec.json.encode(
+            {"type": "error", "code": "events_dropped", "message": str(exc), "param": None}) + b"\n\n"
 
 
 # -- routes ------------------------------------------------------------------------------------------------
