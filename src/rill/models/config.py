@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import torch
 
 from rill.errors import ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -18,11 +20,28 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float
-    kind: str  # "default" | "linear" | "llama3"
+    kind: str  # "default" | "linear" | "llama3" | "longrope"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # longrope (Phi-3): per-frequency divisors for sequences up to original_max_position (short) and past it
+    # (long), and the factor cos and sin are scaled by
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): each token runs the top_k of num_experts experts."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    norm_topk_prob: bool  # renormalize the top-k probabilities to sum to 1
+    weights_in_model_dtype: bool  # Qwen3-MoE rounds routing weights to the model dtype; Mixtral keeps float32
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP of intermediate_size
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,7 @@ class ModelConfig:
     dtype: torch.dtype
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    moe: MoeConfig | None = None
 
     @property
     def sliding_window(self) -> int | None:
@@ -68,17 +88,28 @@ def _field(cfg: dict, name: str, file: Path, kind=int):
         raise ModelLoadError(f"{file}: field '{name}' has an invalid value {cfg[name]!r}") from None
 
 
-def _rope(cfg: dict, file: Path) -> RopeConfig:
+def _rope(cfg: dict, file: Path, arch: str) -> RopeConfig:
     # transformers 5 writes rope_parameters; older configs write rope_theta + rope_scaling.
     params = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling") or {}
     params = {**scaling, **params}
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default")) or "default"
-    if kind not in ("default", "linear", "llama3"):
-        raise ModelLoadError(f"{file}: rope type {kind!r} is not supported (supported: default, linear, llama3)")
+    if arch == "Phi3ForCausalLM" and kind in ("su", "yarn"):
+        kind = "longrope"  # Phi-3's early names for it, renamed as transformers' Phi3Config renames them
+    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0:
+        raise ModelLoadError(f"{file}: partial_rotary_factor {partial} is not supported (rill rotates whole heads)")
+    if kind not in ("default", "linear", "llama3", "longrope"):
+        raise ModelLoadError(
+            f"{file}: rope type {kind!r} is not supported (supported: default, linear, llama3, longrope)"
+        )
     if kind == "default":
         return RopeConfig(theta, kind)
+    if kind == "longrope" and arch != "Phi3ForCausalLM":
+        raise ModelLoadError(f"{file}: rope type 'longrope' is supported for Phi3ForCausalLM only")
+    if kind == "longrope":
+        return _longrope(cfg, params, theta, file)
     return RopeConfig(
         theta,
         kind,
@@ -89,12 +120,32 @@ def _rope(cfg: dict, file: Path) -> RopeConfig:
     )
 
 
+def _longrope(cfg: dict, params: dict, theta: float, file: Path) -> RopeConfig:
+    """LongRoPE as transformers' _compute_longrope_parameters reads it. Phi3Config's top-level
+    original_max_position_embeddings (4096 when absent) wins over the one in the rope parameters."""
+    max_position = _field(cfg, "max_position_embeddings", file)
+    original = int(cfg.get("original_max_position_embeddings") or 4096)
+    factor = float(params.get("factor") or max_position / original)
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size", file) // _field(cfg, "num_attention_heads", file)
+    half = int(head_dim) // 2
+    short, long = (tuple(float(f) for f in params.get(name) or ()) for name in ("short_factor", "long_factor"))
+    if len(short) != half or len(long) != half:
+        raise ModelLoadError(f"{file}: longrope short_factor and long_factor need head_dim / 2 = {half} values each")
+    return RopeConfig(theta, "longrope", factor=factor, original_max_position=original, short_factor=short,
+                      long_factor=long, attention_factor=float(attention_factor))
+
+
 def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, ...]:
     window = cfg.get("sliding_window")
     if arch == "LlamaForCausalLM" or not window:
         return (None,) * num_layers
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         return (int(window),) * num_layers
+    if arch == "Qwen3MoeForCausalLM":  # transformers' Qwen3-MoE windows every layer (max_window_layers unread)
+        return (int(window) if cfg.get("use_sliding_window") else None,) * num_layers
     layer_types = cfg.get("layer_types")
     if layer_types:
         return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
@@ -102,6 +153,28 @@ def _layer_windows(cfg: dict, arch: str, num_layers: int) -> tuple[int | None, .
         return (None,) * num_layers
     first = int(cfg.get("max_window_layers", num_layers))
     return tuple(int(window) if i >= first else None for i in range(num_layers))
+
+
+def _moe(cfg: dict, arch: str, num_layers: int, file: Path) -> MoeConfig | None:
+    """The experts of Mixtral (every layer, top-k renormalized) and Qwen3-MoE (layers picked by
+    decoder_sparse_step and mlp_only_layers, as transformers' Qwen3MoeDecoderLayer picks them)."""
+    if arch not in ("MixtralForCausalLM", "Qwen3MoeForCausalLM"):
+        return None
+    qwen = arch == "Qwen3MoeForCausalLM"
+    num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    top_k = _field(cfg, "num_experts_per_tok", file)
+    if not 0 < top_k <= num_experts:
+        raise ModelLoadError(f"{file}: num_experts_per_tok {top_k} does not fit {num_experts} experts")
+    step, dense = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+    sparse = tuple(not qwen or (i not in dense and (i + 1) % step == 0) for i in range(num_layers))
+    return MoeConfig(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=_field(cfg, "moe_intermediate_size" if qwen else "intermediate_size", file),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if qwen else True,
+        weights_in_model_dtype=qwen,
+        sparse_layers=sparse,
+    )
 
 
 def _eos_ids(cfg: dict, generation: dict) -> tuple[int, ...]:
@@ -159,15 +232,16 @@ def load_model_config(model_dir: Path, generation: dict | None = None, dtype: st
         num_kv_heads=kv_heads,
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope=_rope(cfg, file),
+        rope=_rope(cfg, file, arch),
         max_position_embeddings=_field(cfg, "max_position_embeddings", file),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=is_qwen2 or bool(cfg.get("attention_bias", False)),
         o_bias=(not is_qwen2) and bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         layer_windows=_layer_windows(cfg, arch, num_layers),
         dtype=_DTYPES[dtype_name],
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg, generation or {}),
+        moe=_moe(cfg, arch, num_layers, file),
     )

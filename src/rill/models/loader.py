@@ -11,6 +11,7 @@ from safetensors import safe_open
 from rill.errors import ModelLoadError
 from rill.models.config import ModelConfig, load_model_config
 from rill.models.llama import CausalLM
+from rill.models.moe import MoeCausalLM, expert_checkpoint_names
 from rill.models.rope import RotaryEmbedding
 
 # rill's fused parameters and the Hugging Face tensors concatenated into them, in order.
@@ -102,20 +103,30 @@ def _part_rows(name: str, cfg: ModelConfig) -> list[int] | None:
     return None
 
 
+def _checkpoint_parts(name: str, rows: int, ckpt: _Checkpoint, cfg: ModelConfig, text_prefix: str):
+    """(checkpoint tensor, its rows) in the order their concatenation fills our parameter `name`."""
+    own = ("" if name.startswith("lm_head") else text_prefix) + name
+    if own in ckpt:  # stored as rill stores it: Phi-3 ships qkv_proj and gate_up_proj fused
+        return [(own, rows)]
+    experts = expert_checkpoint_names(name, cfg)  # Mixtral, Qwen3-MoE: one tensor per expert
+    if experts is not None:
+        return [(src, rows // len(experts)) for src in experts]
+    return list(zip(_hf_sources(name, text_prefix), _part_rows(name, cfg) or [rows]))
+
+
 def _load_param(param: torch.Tensor, name: str, ckpt: _Checkpoint, cfg: ModelConfig, text_prefix: str) -> None:
-    sources = _hf_sources(name, text_prefix)
-    rows = _part_rows(name, cfg) or [param.shape[0]]
+    target = param.flatten(0, 1) if param.dim() == 3 else param  # stacked experts [E, rows, cols]: row-wise
     tensors = []
-    for src, n in zip(sources, rows):
+    for src, n in _checkpoint_parts(name, target.shape[0], ckpt, cfg, text_prefix):
         tensor = ckpt.get(src)
-        expected = (n, *param.shape[1:])
+        expected = (n, *target.shape[1:])
         if tuple(tensor.shape) != expected:
             raise ModelLoadError(
                 f"shape mismatch for '{src}': checkpoint has {tuple(tensor.shape)}, config.json implies {expected}"
             )
         tensors.append(tensor)
     with torch.no_grad():
-        param.copy_((tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)).to(param.dtype))
+        target.copy_((tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)).to(param.dtype))
 
 
 def _model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
@@ -124,6 +135,12 @@ def _model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
         from rill.models.gemma import GemmaCausalLM
 
         return GemmaCausalLM
+    if cfg.architecture == "Phi3ForCausalLM":
+        from rill.models.phi3 import Phi3CausalLM
+
+        return Phi3CausalLM
+    if cfg.moe is not None:
+        return MoeCausalLM
     return CausalLM
 
 
