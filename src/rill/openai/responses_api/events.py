@@ -32,7 +32,10 @@ def sse_frame(event: dict[str, Any]) -> bytes:
 
 
 def usage_dict(num_input: int, num_cached: int, num_output: int, num_reasoning: int) -> dict[str, Any]:
-    return {"input_tokens": num_input, "input_tokens_details": {"cached_tokens": num_cached},
+    """OpenAI's usage object; rill's prefix cache writes as it reads, at no extra cost: no cache writes
+    are billed, so `cache_write_tokens` (which the openai SDK requires) is 0."""
+    details = {"cached_tokens": num_cached, "cache_write_tokens": 0}
+    return {"input_tokens": num_input, "input_tokens_details": details,
             "output_tokens": num_output, "output_tokens_details": {"reasoning_tokens": num_reasoning},
             "total_tokens": num_input + num_output}
 
@@ -126,7 +129,7 @@ class ResponseEvents:
         return {"item_id": self._open["id"], "output_index": len(self.output) - 1, "content_index": 0}
 
     def _add(self, item: dict[str, Any], part: dict[str, Any] | None) -> list[dict]:
-        self._open = item
+        self._open, self._pending_text = item, ""  # whitespace between items belongs to neither
         self.output.append(item)
         events = [self.event("response.output_item.added", output_index=len(self.output) - 1,
                              item={**item, "content": []} if part else dict(item))]
