@@ -109,8 +109,9 @@ def load_gemma_config(raw: dict, arch: str, file: Path, generation: dict, dtype:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg, generation),
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]),
-        # transformers' Gemma 3 attention never passes its attn_logit_softcapping on, so neither does rill
+        # transformers' Gemma 3 attention never passes its attn_logit_softcapping on, and its multimodal
+        # head never applies final_logit_softcapping (the released Gemma 3 configs set neither)
         attn_softcap=cfg.get("attn_logit_softcapping") if is_gemma2 else None,
-        final_softcap=cfg.get("final_logit_softcapping"),
+        final_softcap=None if arch == "Gemma3ForConditionalGeneration" else cfg.get("final_logit_softcapping"),
         local_rope=local_rope,
     )
