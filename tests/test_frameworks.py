@@ -155,6 +155,60 @@ async def test_openai_agents_chat_completions_model_runs_the_function_tool(force
     assert states_result(result.final_output)
 
 
+@needs("agents", "frameworks")
+@FORCED
+async def test_openai_agents_default_responses_model_runs_the_function_tool(forced):
+    """The Agents SDK's default model speaks the Responses API (POST /v1/responses): the function_call
+    item, the tool's function_call_output sent back, and the answer read from it."""
+    import agents
+    from openai import AsyncOpenAI
+
+    async with serve() as server:
+        def run():
+            agents.set_tracing_disabled(True)
+            client = AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+            agent = agents.Agent(
+                name="Assistant",
+                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+                model_settings=agents.ModelSettings(temperature=0, tool_choice="get_weather" if forced else None),
+                tools=[agents.function_tool(get_weather), agents.function_tool(get_time)],
+            )
+            return agents.Runner.run_sync(agent, QUESTION, max_turns=3)
+
+        result = await in_thread(run)
+    assert get_weather.cities == ["Paris"]
+    assert states_result(result.final_output)
+
+
+@needs("agents", "frameworks")
+async def test_openai_agents_streamed_run_on_the_responses_model():
+    """Runner.run_streamed reads the Responses event stream (function_call_arguments and output_text
+    events) through the same default model."""
+    import agents
+    from openai import AsyncOpenAI
+
+    async with serve() as server:
+        def run():
+            import asyncio
+
+            async def streamed():
+                agents.set_tracing_disabled(True)
+                client = AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+                agent = agents.Agent(name="Assistant", model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+                                     model_settings=agents.ModelSettings(temperature=0),
+                                     tools=[agents.function_tool(get_weather), agents.function_tool(get_time)])
+                result = agents.Runner.run_streamed(agent, QUESTION, max_turns=3)
+                kinds = [event.data.type async for event in result.stream_events() if event.type == "raw_response_event"]
+                return result.final_output, kinds
+
+            return asyncio.run(streamed())
+
+        answer, kinds = await in_thread(run)
+    assert get_weather.cities == ["Paris"] and states_result(answer)
+    assert "response.function_call_arguments.delta" in kinds and "response.output_text.delta" in kinds
+    assert kinds.count("response.completed") == 2  # the call's turn and the answer's
+
+
 # -- LiteLLM --------------------------------------------------------------------------------------------------
 
 
