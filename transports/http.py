@@ -46,6 +46,7 @@ from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
 from rill.transports.realtime_driver import RealtimeConfig
 from rill.transports.realtime_quart import install_realtime
+from rill.transports.web import install_web
 
 log = logging.getLogger("rill.server")
 
@@ -63,6 +64,7 @@ class ServerConfig:
     tool_call_parser: str | None = "hermes"
     reasoning_parser: str | None = None
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # /v1/realtime and --ws-port
+    web_ui: bool = True  # GET /: the web page (transports/web.py); --no-web-ui: 404 there
     # Slow and oversized clients (hypercorn's and Quart's own limits): a connection that has not
     # sent a request's headers within the keep-alive timeout is closed (slow headers too); a JSON
     # body must arrive within body_timeout_s (408); headers past max_header_bytes are a 431.
@@ -89,6 +91,7 @@ class ServerConfig:
             tool_call_parser=_parser_option(env("RILL_TOOL_CALL_PARSER", "hermes")),
             reasoning_parser=_parser_option(env("RILL_REASONING_PARSER", "none")),
             realtime=RealtimeConfig.from_env(),
+            web_ui=not env("RILL_NO_WEB_UI"),
             streaming_input=StreamingInputConfig.from_env(),
             keep_alive_timeout_s=float(env("RILL_KEEP_ALIVE_TIMEOUT_S", 5.0)),
             body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
@@ -120,6 +123,7 @@ class AppState:
         self.sessions = SessionManager(server.streaming_input)  # its reaper runs in the app's nursery
         attach_streaming_input(self.sessions)
         self.metrics.attach_sessions(self.sessions)
+        self.open_paths = OPEN_PATHS  # routes that need no API key; the web page's files join them
 
     def attach(self, engine) -> None:
         self.metrics.attach(engine)
@@ -148,6 +152,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
                       BODY_TIMEOUT=state.server.body_timeout_s)
     app.extensions["rill"] = state
     app.register_blueprint(api)
+    if state.server.web_ui:
+        state.open_paths = OPEN_PATHS | install_web(app)
     hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)
     state.metrics.attach_realtime(hub)
     _install_streaming_input(app, state)
@@ -232,7 +238,7 @@ async def _log_request(response: Response) -> Response:
 @api.before_app_request
 async def _authenticate() -> Response | None:
     key = _state().server.api_key
-    if key is None or request.path in OPEN_PATHS:
+    if key is None or request.path in _state().open_paths:
         return None
     if bearer_matches(request.headers.get("Authorization", ""), key):
         return None

@@ -76,6 +76,7 @@ def _cmd_serve(args) -> int:
     server = ServerConfig(
         api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
         served_model_names=args.served_model_name or [],
+        web_ui=not args.no_web_ui,
         tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
         reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
         streaming_input=streaming_input_config.from_args(args),
@@ -100,6 +101,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=_env("PORT", 8000, int), help="0: any free port")
     p.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--no-web-ui", action="store_true", default=bool(_env("NO_WEB_UI", "")),
+                   help="do not serve the web page at / (404 there) [RILL_NO_WEB_UI]")
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", None, int),
                    help="requests waiting for their first token before new ones get 429")
     p.add_argument("--max-body-bytes", type=int, default=_env("MAX_BODY_BYTES", 16 << 20, int))

@@ -1,0 +1,199 @@
+// The page: wires the message box, the settings, the conversation and the live panel together.
+
+import { Unauthorized, getJSON, setApiKey } from "./api.js";
+import { chatBody, streamChat } from "./chat.js";
+import { Conversation } from "./conversation.js";
+import { startMetrics } from "./metrics.js";
+import { FallBack, TypeAhead } from "./typeahead.js";
+
+const $ = (id) => document.getElementById(id);
+const conversation = new Conversation($("log"));
+const typeAhead = new TypeAhead(showTypeAheadStatus);
+let version = 0;  // bumped when the conversation changes: a type-ahead socket replays the old one
+let busy = null;  // {stop} while an answer streams
+
+/** The settings a type-ahead connection depends on (the extra fields only go with SSE). */
+function sessionSettings() {
+  return {
+    model: $("model").value,
+    temperature: Number($("temperature").value) || 0,
+    maxTokens: Math.max(1, Math.round(Number($("max-tokens").value) || 256)),
+    system: $("system").value.trim(),
+    tools: $("tools").checked,
+  };
+}
+
+function settings() {
+  return { ...sessionSettings(), extra: extraFields() };
+}
+
+/** The "extra request fields" box: a JSON object, or an error shown beside it. */
+function extraFields() {
+  const text = $("extra").value.trim();
+  $("extra-error").textContent = "";
+  if (!text) return {};
+  try {
+    const value = JSON.parse(text);
+    if (value && typeof value === "object" && !Array.isArray(value)) return value;
+  } catch { /* reported below */ }
+  $("extra-error").textContent = "Extra request fields must be a JSON object.";
+  throw new Error("invalid extra fields");
+}
+
+/** What a type-ahead connection is opened for; `key` changes when any of it does. */
+function typeAheadContext(s) {
+  const { model, temperature, maxTokens, system, tools } = s;
+  const key = JSON.stringify({ model, temperature, maxTokens, system, tools, version });
+  return { key, model, temperature, maxTokens, system, tools, history: conversation.messages };
+}
+
+function syncTypeAhead() {
+  if (busy || !$("typeahead").checked) return;
+  typeAhead.update($("prompt").value, typeAheadContext(sessionSettings()));
+}
+
+function showTypeAheadStatus(text, numSent) {
+  const status = $("typeahead-status");
+  status.textContent = text;
+  status.dataset.sent = numSent;
+}
+
+async function send(event) {
+  event.preventDefault();
+  const text = $("prompt").value;
+  if (busy || !text.trim()) return;
+  let s;
+  try {
+    s = settings();
+  } catch {
+    $("extra").focus();
+    return;
+  }
+  const startedAt = performance.now();
+  if (document.activeElement === $("send")) $("prompt").focus();  // Send is disabled while answering
+  const viaRealtime = $("typeahead").checked;
+  const context = typeAheadContext(s);  // the conversation before this message, as typed against
+  conversation.addUser(text);
+  version += 1;
+  $("prompt").value = "";
+  const view = conversation.startAnswer(startedAt, viaRealtime ? "realtime, type-ahead" : "SSE");
+  setBusy({ stop: () => {} });
+  try {
+    view.finish(viaRealtime ? await answerRealtime(text, context, s, view) : await answerSSE(s, view));
+    announce("Answer complete.");
+  } catch (error) {
+    if (error.name === "AbortError") {
+      view.finish({ tokens: null, status: "stopped" });
+      announce("Answer stopped.");
+    } else {
+      view.fail(error.message);
+      announce(`Error: ${error.message}`);
+      if (error instanceof Unauthorized) askKey().then(loadModels);
+    }
+  } finally {
+    const stopHadFocus = document.activeElement === $("stop");
+    setBusy(null);
+    if (stopHadFocus) $("prompt").focus();  // Stop is disabled again
+    $("log").lastElementChild?.scrollIntoView({ block: "end" });
+    syncTypeAhead();  // what was typed while the answer streamed
+  }
+}
+
+async function answerRealtime(text, context, s, view) {
+  try {
+    const answer = typeAhead.ask(text, context, view);
+    busy.stop = () => typeAhead.cancel();
+    return await answer;
+  } catch (error) {
+    if (!(error instanceof FallBack)) throw error;
+    view.via = "SSE (the realtime connection failed)";
+    return answerSSE(s, view);
+  }
+}
+
+function answerSSE(s, view) {
+  const controller = new AbortController();
+  busy.stop = () => controller.abort();
+  const system = s.system ? [{ role: "system", content: s.system }] : [];
+  return streamChat(chatBody(s, [...system, ...conversation.messages]), view, controller.signal);
+}
+
+function setBusy(value) {
+  busy = value;
+  $("send").disabled = value !== null;
+  $("stop").disabled = value === null;
+}
+
+function stop() {
+  busy?.stop();
+}
+
+function announce(text) {
+  $("announce").textContent = text;
+}
+
+function newChat() {
+  stop();
+  conversation.clear();
+  version += 1;
+  typeAhead.close();
+  syncTypeAhead();
+  $("prompt").focus();
+}
+
+function onPromptKeyDown(event) {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+}
+
+function onKeyDown(event) {
+  if (event.key === "Escape" && busy) stop();
+}
+
+/** Ask for the API key (kept in sessionStorage); resolves once one is given. */
+function askKey(message = "") {
+  const dialog = $("key-dialog");
+  $("key-error").textContent = message;
+  return new Promise((resolve) => {
+    $("key-form").onsubmit = () => {
+      setApiKey($("key").value);
+      resolve();
+    };
+    if (!dialog.open) dialog.showModal();
+  });
+}
+
+async function loadModels(refused = false) {
+  try {
+    const { data } = await getJSON("v1/models");
+    const select = $("model");
+    select.replaceChildren(...data.map((card) => new Option(card.id, card.id)));
+  } catch (error) {
+    if (!(error instanceof Unauthorized)) {
+      showTypeAheadStatus(`Could not list the models: ${error.message}`, 0);
+      return;
+    }
+    await askKey(refused ? "The server refused that key." : "");
+    await loadModels(true);
+  }
+}
+
+function main() {
+  if (matchMedia("(max-width: 48rem)").matches) $("settings-panel").open = false;  // a phone: the chat first
+  $("composer").addEventListener("submit", send);
+  $("prompt").addEventListener("keydown", onPromptKeyDown);
+  document.addEventListener("keydown", onKeyDown);
+  $("prompt").addEventListener("input", syncTypeAhead);
+  $("settings").addEventListener("input", syncTypeAhead);
+  $("settings").addEventListener("submit", (event) => event.preventDefault());
+  $("typeahead").addEventListener("change", () => $("typeahead").checked ? syncTypeAhead() : typeAhead.close());
+  $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", newChat);
+  startMetrics({ running: $("m-running"), waiting: $("m-waiting"), kv: $("m-kv"), tps: $("m-tps"),
+                 realtime: $("m-realtime") }, $("metrics-status"));
+  loadModels();
+}
+
+main();
