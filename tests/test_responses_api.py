@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import typing
 
 import httpx
@@ -74,9 +75,9 @@ _LETTERS = {
     "response.reasoning_text.delta": "r", "response.reasoning_text.done": "R", "response.content_part.done": "]",
     "response.function_call_arguments.delta": "f", "response.function_call_arguments.done": "F",
     "response.output_item.done": "D", "response.completed": "Z", "response.incomplete": "Z",
-    "response.failed": "Z",
+    "response.failed": "X", "error": "E",
 }
-_ORDER = re.compile(r"CP(A(\[t*T\]|\[r*R\]|f*F)D)*Z")
+_ORDER = re.compile(r"CP(A(\[t*T\]|\[r*R\]|f*F)D)*(Z|E?X)")
 
 
 def check_reference_order(events: list[dict]) -> dict:
@@ -195,6 +196,38 @@ async def test_client_leaving_mid_stream_aborts_the_engine_request():
                         if "output_text.delta" in line:
                             break
         await assert_nothing_left(server)
+
+
+class InjectedFault(RuntimeError):
+    """Fault injection: raised by the model runner on purpose, to kill the engine mid-stream."""
+
+
+async def test_engine_failure_mid_stream_is_an_error_event_then_response_failed():
+    body = {"model": MODEL, "input": "What is 12 + 30?", "max_output_tokens": 400, "stream": True,
+            "text": {"format": {"type": "json_object"}}}
+    async with serve() as server:
+        runner = server.engine.core.runner
+        real_execute, fail = runner.execute, threading.Event()
+
+        def execute_with_injected_fault(*args, **kwargs):
+            if fail.is_set():
+                raise InjectedFault("injected fault in the model runner")
+            return real_execute(*args, **kwargs)
+
+        runner.execute = execute_with_injected_fault
+        raw = ""
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", server.v1 + "/responses", json=body) as response:
+                async for text in response.aiter_text():
+                    raw += text
+                    if "output_text.delta" in raw:
+                        fail.set()
+    events = [frame.json for frame in parse_sse(raw)]
+    final = check_reference_order(events)
+    error = events[-2]
+    assert error["type"] == "error" and "InjectedFault" in error["message"]
+    assert final["status"] == "failed" and final["error"]["code"] == "server_error"
+    assert final["output"][0]["status"] == "incomplete"
 
 
 # -- tools and formats -----------------------------------------------------------------------------------------

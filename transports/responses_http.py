@@ -73,13 +73,8 @@ async def _stream(ctx: ResponsesContext, run: ResponseRun):
                 yield sse_frame(event)
         _store(ctx, run.job, run.final)
     except Exception as exc:  # noqa: BLE001 - the status is sent: the failure goes in the stream
-        yield sse_frame(error_event(api_error(exc), run.builder.num_events))
-
-
-def error_event(error: ApiError, sequence_number: int) -> dict[str, Any]:
-    """OpenAI's `error` event, for a failure outside a run's own terminal events."""
-    return {"type": "error", "sequence_number": sequence_number, "code": error.code, "message": error.message,
-            "param": error.param}
+        error = api_error(exc)
+        yield sse_frame(run.builder.error(error.code, error.message, error.param))
 
 
 def _store(ctx: ResponsesContext, job: ResponseJob, final: dict[str, Any] | None) -> None:

@@ -65,16 +65,27 @@ class ResponseEvents:
         self.num_events += 1
         return event
 
+    def error(self, code: str | None, message: str, param: str | None = None) -> dict[str, Any]:
+        """OpenAI's `error` event: a failure after the stream started (the HTTP status is sent)."""
+        return self.event("error", code=code, message=message, param=param)
+
     def start(self) -> list[dict[str, Any]]:
         snapshot = self.response("in_progress")
         return [self.event("response.created", response=snapshot),
                 self.event("response.in_progress", response=snapshot)]
 
-    def finish(self, status: str, usage: dict | None, **details: Any) -> tuple[list[dict], dict]:
-        """Close the open item and end with the terminal event; returns (events, final response)."""
-        events = self._close("incomplete" if status == "incomplete" else "completed")
+    def finish(self, status: str, usage: dict | None, *, failure: tuple[str | None, str, str | None] | None = None,
+               **details: Any) -> tuple[list[dict], dict]:
+        """Close the open item and end with the terminal event; returns (events, final response).
+        A `failure` (code, message, param) is sent as an `error` event just before response.failed;
+        the response's own `error` takes OpenAI's ResponseError shape, whose codes have no room for
+        rill's."""
+        events = self._close("completed" if status == "completed" else "incomplete")
         if not self.output and status != "failed":  # an empty answer is still a message, as OpenAI's
             events += self._open_message() + self._close("completed")
+        if failure is not None:
+            events.append(self.error(*failure))
+            details["error"] = {"code": "server_error", "message": failure[1]}
         final = self.response(status, usage, **details)
         return events + [self.event(TERMINAL_EVENTS[status], response=final)], final
 

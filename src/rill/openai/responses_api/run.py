@@ -173,7 +173,7 @@ class ResponseRun:
         return self.builder.finish("completed", self._usage(), completed_at=done_at)
 
     def _fail(self, error: ApiError) -> tuple[list[dict], dict]:
-        return self.builder.finish("failed", self._usage(), error={"code": "server_error", "message": error.message})
+        return self.builder.finish("failed", self._usage(), failure=(error.code, error.message, error.param))
 
 
 async def run_response(ctx: ResponsesContext, job: ResponseJob, *, response_id: str, created_at: int,
