@@ -4,6 +4,7 @@
          the same with an NDJSON body            streaming input, Mode A (transports/streaming_input.py)
     /v1/streaming_input/sessions/...             streaming input, Mode B (the same module)
     POST /v1/audio/transcriptions                 speech to text (transports/audio_http.py)
+    POST /v1/responses                            OpenAI's Responses API (transports/responses_http.py)
     GET  /v1/models, /v1/models/{model}, /health, /metrics
     POST /tokenize, /detokenize
 
@@ -159,6 +160,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     _install_streaming_input(app, state)
     _install_transcriptions(app, state, speech)
     _install_responses_store(app, state)
+    _install_responses(app)
     app.register_error_handler(HTTPException, _http_error)
     if engine is not None:
         state.attach(engine)
@@ -188,6 +190,12 @@ def _install_responses_store(app: QuartTrio, state: AppState) -> None:
     from rill.transports.responses_store_http import install_responses_store  # it imports this module
 
     install_responses_store(app, state)
+
+
+def _install_responses(app: QuartTrio) -> None:
+    from rill.transports.responses_http import responses_api  # it imports this module
+
+    app.register_blueprint(responses_api)
 
 
 def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:

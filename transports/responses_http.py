@@ -90,7 +90,7 @@ async def _background(ctx: ResponsesContext, job: ResponseJob) -> Response:
         raise bad_request("background responses are not available on this server", "background", "unsupported")
     run = ResponseRun(ctx, job, response_id=new_response_id(), created_at=int(time.time()))
     record = hub.runs.start(run.run, initial=run.snapshot("queued"), input_items=job.input_items,
-                            prior_items=job.prior_items, owner=ctx.owner)
+                            prior_items=job.prior_items, owner=ctx.owner, snapshot=run.snapshot)
     if not job.request.stream:
         return _json(record.response)
     return _sse(follow_frames(record))
