@@ -66,7 +66,8 @@ def hf_greedy_step_by_step(model_dir, prompt_ids: list[int], max_new_tokens: int
 def test_decoding_past_the_original_length_keeps_short_factor_keys_like_transformers_forward(tmp_path):
     d = make_family_dir(tmp_path, "phi3-longrope")
     prompt = list(range(200, 220))  # 20 tokens; the 13th new token passes 32
-    out = LLM(str(d), num_kv_blocks=64).generate(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    out = LLM(str(d), num_kv_blocks=64).generate(prompt, params)[0]
     assert out.outputs[0].token_ids == hf_greedy_step_by_step(d, prompt, 24)
 
 
