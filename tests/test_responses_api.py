@@ -198,6 +198,22 @@ async def test_client_leaving_mid_stream_aborts_the_engine_request():
         await assert_nothing_left(server)
 
 
+async def test_reasoning_parser_output_is_a_reasoning_item_streamed_and_not():
+    """deepseek_r1 reads output as reasoning until `</think>`; rill-tiny never writes one, so its whole
+    answer is reasoning: one reasoning item whose tokens usage counts as reasoning tokens."""
+    body = {"model": MODEL, "input": "What is 12 + 30?", "temperature": 0}
+    config = ServerConfig(served_model_names=[MODEL], reasoning_parser="deepseek_r1")
+    async with running_server(RILL_TINY_DIR, config) as server:
+        events = await post_events(server, body)
+        out = await sdk(server).responses.create(**body)
+    final = check_reference_order(events)
+    (item,) = out.output
+    assert item.type == "reasoning" and item.content[0].text.endswith("42") and out.output_text == ""
+    assert out.usage.output_tokens_details.reasoning_tokens == out.usage.output_tokens
+    streamed = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert streamed == final["output"][0]["content"][0]["text"] == item.content[0].text
+
+
 class InjectedFault(RuntimeError):
     """Fault injection: raised by the model runner on purpose, to kill the engine mid-stream."""
 

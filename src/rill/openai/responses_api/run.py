@@ -114,6 +114,8 @@ class ResponseRun:
         self.final: dict[str, Any] | None = None
         self.num_cached_tokens = 0
         self.num_reasoning_tokens = 0
+        self._undecided_tokens = 0  # output tokens not yet known to be reasoning or answer
+        self._answered = False  # the answer's text or a call has begun
         self._choice = ChoiceStream(ctx.serving, job.chat, 0)
 
     def snapshot(self, status: str) -> dict[str, Any]:
@@ -157,9 +159,21 @@ class ResponseRun:
                 raise ApiError(500, delta.error, code="engine_error")
             out = self._choice.on_delta(delta)
             self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
-            if out.reasoning_content and not out.content and not out.tool_calls:
-                self.num_reasoning_tokens += len(delta.token_ids)
+            self._count_reasoning(out, delta)
             yield self.builder.on_delta(out), delta
+
+    def _count_reasoning(self, out, delta) -> None:
+        """Tokens up to the answer's first text or call are reasoning once reasoning text came of them
+        (a token whose text the parser still holds back waits to be decided; the delta that ends the
+        reasoning and starts the answer counts as answer)."""
+        if self._answered:
+            return
+        self._undecided_tokens += len(delta.token_ids)
+        if out.content or out.tool_calls:
+            self._answered, self._undecided_tokens = True, 0
+        elif out.reasoning_content or (delta.finished and self.num_reasoning_tokens):
+            self.num_reasoning_tokens += self._undecided_tokens
+            self._undecided_tokens = 0
 
     def _usage(self) -> dict[str, Any]:
         return usage_dict(len(self.job.chat.prompt_ids), self.num_cached_tokens, self._choice.num_output_tokens,

@@ -46,25 +46,28 @@ class ToolDef(msgspec.Struct, kw_only=True):
     strict: bool | None = None
 
 
-class NamedTool(msgspec.Struct, kw_only=True):
+# The structs the response object echoes omit what the client left out.
+
+
+class NamedTool(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: str
     name: str | None = None
 
 
-class TextFormat(msgspec.Struct, kw_only=True):
-    type: Literal["text", "json_schema", "json_object"] = "text"
+class TextFormat(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: Literal["text", "json_schema", "json_object"]
     name: str | None = None
     description: str | None = None
     schema: dict[str, Any] | bool | None = None
     strict: bool | None = None
 
 
-class TextConfig(msgspec.Struct, kw_only=True):
+class TextConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     format: TextFormat | None = None
     verbosity: str | None = None
 
 
-class ReasoningConfig(msgspec.Struct, kw_only=True):
+class ReasoningConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Accepted and echoed: whether a model thinks is the model's (and --reasoning-parser's) business."""
 
     effort: str | None = None
