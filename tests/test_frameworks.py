@@ -79,12 +79,14 @@ FORCED = pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"]
 # -- LangChain ------------------------------------------------------------------------------------------
 
 
-def langchain_model(server, forced: bool):
-    """(the model that asks, bound to the tools, maybe forcing get_weather; the one that answers; tools)"""
+def langchain_model(server, forced: bool, use_responses_api: bool = False):
+    """(the model that asks, bound to the tools, maybe forcing get_weather; the one that answers; tools).
+    `use_responses_api`: ChatOpenAI speaks POST /v1/responses instead of chat completions."""
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=MODEL, base_url=server.v1, api_key="unused", temperature=0, max_retries=0)
+    llm = ChatOpenAI(model=MODEL, base_url=server.v1, api_key="unused", temperature=0, max_retries=0,
+                     use_responses_api=use_responses_api)
     tools = {t.name: t for t in (tool(get_weather), tool(get_time))}
     asking = llm.bind_tools(list(tools.values()), tool_choice="get_weather" if forced else None)
     return asking, llm.bind_tools(list(tools.values())), tools
@@ -92,9 +94,10 @@ def langchain_model(server, forced: bool):
 
 @needs("langchain_openai", "frameworks")
 @FORCED
-async def test_langchain_bind_tools_invoke_and_tool_message_round_trip(forced):
+@pytest.mark.parametrize("use_responses_api", [False, True], ids=["chat", "responses"])
+async def test_langchain_bind_tools_invoke_and_tool_message_round_trip(forced, use_responses_api):
     async with serve() as server:
-        asking, answering, tools = langchain_model(server, forced)
+        asking, answering, tools = langchain_model(server, forced, use_responses_api)
 
         def run():
             from langchain_core.messages import HumanMessage
@@ -108,7 +111,7 @@ async def test_langchain_bind_tools_invoke_and_tool_message_round_trip(forced):
         ai, answer = await in_thread(run)
     assert [(c["name"], c["args"]) for c in ai.tool_calls] == [("get_weather", {"city": "Paris"})]
     assert get_weather.cities == ["Paris"]
-    assert states_result(answer.content)
+    assert states_result(answer.text)
 
 
 @needs("langchain_openai", "frameworks")
