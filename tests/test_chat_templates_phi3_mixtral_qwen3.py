@@ -61,7 +61,8 @@ def pairs(tmp_path_factory):
     """rill's and transformers' tokenizers over one directory per real template."""
     out = {}
     for name, (file, shape) in TEMPLATES.items():
-        backend, config = (byte_level_bpe(), qwen_config()) if shape == "qwen" else (byte_fallback_bpe(), llama_config())
+        qwen = shape == "qwen"
+        backend, config = (byte_level_bpe(), qwen_config()) if qwen else (byte_fallback_bpe(), llama_config())
         template = (DATA / file).read_text(encoding="utf-8")
         path = save_dir(tmp_path_factory.mktemp(name), backend, config, chat_template=template)
         out[name] = Tokenizer.from_dir(path), hf_tokenizer(path)
