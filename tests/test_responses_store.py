@@ -287,4 +287,62 @@ async def test_storm_of_background_runs_cancelled_dropped_deleted_and_abandoned_
                 for i in range(60):
                     nursery.start_soon(one, i, random.Random(rng.random()))
         await wait_for(lambda: nothing_left(server), seconds=60)
+        metrics = (await raw.get("/metrics")).text
+        assert "rill_responses_background_running 0.0" in metrics and "rill_num_requests_running 0.0" in metrics
+        assert "rill_responses_background_started_total 60.0" in metrics
         assert (await raw.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2})).status_code == 200
+
+
+# -- a response joining a Mode B streaming-input session (item 5) ----------------------------------------------
+
+SESSIONS = "/v1/streaming_input/sessions"
+
+
+async def typed_session(raw: httpx.AsyncClient, pieces: list[str]) -> str:
+    """A Mode B chat session whose user text arrives in pieces, as if typed; its input left open."""
+    created = await raw.post(SESSIONS, json={"model": MODEL, "messages": [{"role": "user", "content": ""}],
+                                             "temperature": 0})
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session_id"]
+    for sequence_id, piece in enumerate(pieces):
+        sent = await raw.post(f"{SESSIONS}/{session_id}/chunks", json={"sequence_id": sequence_id, "payload": piece})
+        assert sent.status_code == 202, sent.text
+    return session_id
+
+
+async def test_a_response_joining_a_typed_session_answers_its_streamed_prompt_and_is_stored():
+    async with serve(RILL_TINY_DIR) as server, sdk(server) as client, http(server) as raw:
+        session_id = await typed_session(raw, ["What is ", "17 + ", "25?"])
+        answer = await client.responses.create(model=MODEL, extra_body={"streaming_input": {"session_id": session_id}})
+        assert answer.status == "completed" and answer.output_text.strip().endswith("42")
+        assert answer.usage.input_tokens > 0 and answer.usage.output_tokens > 0
+        (item,) = (await client.responses.input_items.list(answer.id)).data
+        assert (item.role, item.content[0].text) == ("user", "What is 17 + 25?")
+        follow_up = await client.responses.create(model=MODEL, input="What is 3 + 4?", temperature=0,
+                                                  previous_response_id=answer.id)
+        assert follow_up.output_text.strip().endswith("7")
+        await wait_for(lambda: nothing_left(server), seconds=10)
+
+
+async def test_a_streamed_response_joining_a_session_sends_the_responses_event_sequence():
+    async with serve(RILL_TINY_DIR) as server, sdk(server) as client, http(server) as raw:
+        session_id = await typed_session(raw, ["What is ", "17 + 25?"])
+        async with client.responses.stream(model=MODEL, extra_body={"streaming_input": {"session_id": session_id}}
+                                           ) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_response()
+        assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+        assert final.output_text.strip().endswith("42")
+
+
+async def test_joining_a_session_refuses_fields_the_session_fixed_and_unknown_sessions():
+    async with serve(RILL_TINY_DIR) as server, http(server) as raw:
+        session_id = await typed_session(raw, ["hi"])
+        error = assert_openai_error(await raw.post("/v1/responses", json={
+            "input": "other", "streaming_input": {"session_id": session_id}}), 400)
+        assert error["param"] == "input"
+        assert_openai_error(await raw.post("/v1/responses", json={"streaming_input": {"session_id": "sess_nope"}}),
+                            404)
+        assert_openai_error(await raw.post("/v1/responses", json={"streaming_input": {"nope": 1}}), 400)
+        assert (await raw.delete(f"{SESSIONS}/{session_id}")).status_code == 204
+        await wait_for(lambda: nothing_left(server), seconds=10)

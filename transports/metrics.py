@@ -83,6 +83,28 @@ class _RealtimeCollector:
                                 value=self.hub.num_connections)
 
 
+class _ResponsesCollector:
+    """Stored responses and background runs (rill.openai.responses_api.background.Responses)."""
+
+    def __init__(self, responses):
+        self.responses = responses
+
+    def collect(self):
+        store, runs = self.responses.store, self.responses.runs
+        yield GaugeMetricFamily("rill_responses_stored", "Responses kept for GET and previous_response_id.",
+                                value=len(store))
+        yield GaugeMetricFamily("rill_responses_background_running", "Background responses running.",
+                                value=runs.num_running)
+        for name, text, value in (
+            ("rill_responses_background_started", "Background responses started.", runs.num_started),
+            ("rill_responses_background_cancelled", "Background responses cancelled or deleted while running.",
+             runs.num_cancelled),
+            ("rill_responses_evicted", "Stored responses evicted by --responses-max-stored or -max-age-s.",
+             store.num_evicted),
+        ):
+            yield CounterMetricFamily(name, text, value=value)
+
+
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -114,6 +136,9 @@ class Metrics:
 
     def attach_realtime(self, hub) -> None:
         self.registry.register(_RealtimeCollector(hub))
+
+    def attach_responses(self, responses) -> None:
+        self.registry.register(_ResponsesCollector(responses))
 
     def attach_sessions(self, manager) -> None:
         self._sessions = manager

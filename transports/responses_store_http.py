@@ -7,6 +7,9 @@
     DELETE /v1/responses/{id}                 forget it (a run in flight is cancelled first)
     POST   /v1/responses/{id}/cancel          cancel a background run: status "cancelled", KV freed
     GET    /v1/responses/{id}/input_items     its input items, OpenAI's list object (after, limit, order)
+    POST   /v1/responses with {"streaming_input": {"session_id": …}}
+                                              the answer of a Mode B session as a response
+                                              (join_session_response, which POST's route calls first)
 
 A response belongs to the API key that created it (as Mode B sessions do); other keys get 404.
 The logic is rill.openai.responses_api; this module is the wire.
@@ -14,7 +17,9 @@ The logic is rill.openai.responses_api; this module is the wire.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import msgspec
 from quart import Blueprint, Response, request
@@ -24,8 +29,11 @@ from rill.openai.errors import ApiError, bad_request
 from rill.openai.responses_api.background import Responses
 from rill.openai.responses_api.event_log import EventsDropped
 from rill.openai.responses_api.events import sse_frame
+from rill.openai.responses_api.run import ResponsesContext, new_response_id
+from rill.openai.responses_api.session_join import JoinedResponse, check_joinable, join_options, names_session
 from rill.openai.responses_api.store import StoredResponse, list_page
-from rill.openai.streaming import as_api_error
+from rill.openai.streaming import StreamRun, as_api_error
+from rill.sessions.state import CloseReason
 from rill.transports.http import AppState, _as_api_error, _error, _json, _sse, _state
 from rill.transports.streaming_input import owner
 
@@ -38,6 +46,7 @@ responses_store_api = Blueprint("responses_store", __name__)
 def install_responses_store(app, state: AppState) -> None:
     """The routes, and the background runs' nursery inside the app's (so a shutdown cancels them)."""
     state.responses = Responses(state.server.responses)
+    state.metrics.attach_responses(state.responses)
 
     async def start_runs() -> None:
         await app.nursery.start(state.responses.runs.serve)
@@ -79,6 +88,62 @@ async def _frames(record: StoredResponse, starting_after: int | None) -> AsyncIt
     except EventsDropped as exc:  # a reader so slow that the log dropped events it had not read
         yield b"event: error\ndata: " + msgspec.json.encode(
             {"type": "error", "code": "events_dropped", "message": str(exc), "param": None}) + b"\n\n"
+
+
+# -- a response joining a Mode B session ------------------------------------------------------------------
+
+
+async def join_session_response(ctx: ResponsesContext, body: bytes) -> Response | None:
+    """POST /v1/responses naming a streaming-input session: end its input and answer as a response
+    (JSON, or SSE with `stream`); None when the body names no session. A client that leaves before
+    the end closes the session, which aborts its engine request, as any stream that is not
+    background."""
+    if not names_session(body):
+        return None
+    try:
+        req, options = join_options(body)
+        ctx.serving.check_model(req.model)
+        run = _joinable_run(options.session_id, ctx.owner)
+    except Exception as exc:  # noqa: BLE001 - nothing ran yet: an HTTP error
+        return _error(_as_api_error(exc) if isinstance(exc, HTTPException) else as_api_error(exc))
+    joined = JoinedResponse(run, req, response_id=new_response_id(), created_at=int(time.time()))
+    if req.stream:
+        return _sse(_joined_frames(ctx, joined))
+    try:
+        async with aclosing(joined.events()) as events:
+            async for _ in events:
+                pass
+    finally:
+        _keep_or_close(ctx, joined)
+    return _json(joined.final)
+
+
+def _joinable_run(session_id: str, caller: str | None) -> StreamRun:
+    sessions = _state().sessions
+    if not sessions.config.enabled:
+        raise ApiError(404, "streaming input is disabled on this server", param="streaming_input.session_id",
+                       code="streaming_input_disabled")
+    run = sessions.get(session_id, caller).run
+    check_joinable(run)
+    run.finish()  # the end of input (idempotent): the answer starts
+    return run
+
+
+async def _joined_frames(ctx: ResponsesContext, joined: JoinedResponse) -> AsyncIterator[bytes]:
+    try:
+        async with aclosing(joined.events()) as events:
+            async for event in events:
+                yield sse_frame(event)
+    finally:
+        _keep_or_close(ctx, joined)
+
+
+def _keep_or_close(ctx: ResponsesContext, joined: JoinedResponse) -> None:
+    """Store the finished response (unless `store: false`); a reader that left closes the session."""
+    if joined.final is None:
+        _state().sessions.close(joined.run.session, CloseReason.CLIENT_GONE)  # no-op once it completed
+    elif joined.builder.fields["store"] and ctx.store is not None:
+        ctx.store.put(joined.final, input_items=joined.input_items(), prior_items=[], owner=ctx.owner)
 
 
 # -- routes ------------------------------------------------------------------------------------------------
