@@ -23,6 +23,7 @@ from rill.assets import RILL_TINY_DIR
 from rill.openai.chat_bodies import ChatDelta, FunctionCallDelta, ToolCallDelta
 from rill.openai.errors import ApiError
 from rill.openai.responses_api.events import ResponseEvents, usage_dict
+from rill.openai.responses_api.run import ResponseRun, ResponsesContext, prepare_response
 from rill.openai.responses_api.schema import InputItem, ResponsesRequest
 from rill.openai.responses_api.translate import chat_request, renamed
 from rill.transports.http import ServerConfig
@@ -244,6 +245,34 @@ async def test_engine_failure_mid_stream_is_an_error_event_then_response_failed(
     assert error["type"] == "error" and "InjectedFault" in error["message"]
     assert final["status"] == "failed" and final["error"]["code"] == "server_error"
     assert final["output"][0]["status"] == "incomplete"
+
+
+async def test_cancelling_a_run_aborts_its_engine_request_and_its_snapshot_keeps_what_it_wrote():
+    """The seam background runs use: run(emit) inside a cancel scope; once cancelled, the engine request
+    is gone (KV free) and snapshot("cancelled") holds the partial message, marked incomplete."""
+    body = json.dumps({"model": MODEL, "input": "What is 12 + 30?", "max_output_tokens": 2000,
+                       "text": {"format": {"type": "json_object"}}}).encode()
+    async with serve() as server:
+        ctx = ResponsesContext(server.serving)
+        job = prepare_response(ctx, body, server.serving.new_trace("/v1/responses", "resp"))
+        run = ResponseRun(ctx, job, response_id="resp_1", created_at=0)
+        seen: list[dict] = []
+
+        async def emit(event: dict) -> None:
+            seen.append(event)
+            if event["type"] == "response.output_text.delta" and len(seen) > 8:
+                scope.cancel()
+
+        with trio.CancelScope() as scope:
+            await run.run(emit)
+        assert run.final is None and scope.cancelled_caught
+        await assert_nothing_left(server)
+    cancelled = run.snapshot("cancelled")
+    (message,) = cancelled["output"]
+    assert cancelled["status"] == "cancelled" and message["status"] == "incomplete"
+    assert message["content"][0]["text"] == "".join(e["delta"] for e in seen if "delta" in e)
+    assert cancelled["usage"]["output_tokens"] >= 4
+    assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
 
 
 # -- tools and formats -----------------------------------------------------------------------------------------

@@ -87,10 +87,11 @@ def response_fields(job: ResponseJob, response_id: str, created_at: int) -> dict
         "id": response_id, "object": "response", "created_at": created_at, "model": job.chat.model,
         "background": bool(req.background), "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
-        "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": req.previous_response_id,
-        "reasoning": _builtins(req.reasoning), "store": req.stores, "temperature": job.chat.params.temperature,
-        "text": _builtins(req.text) or {"format": {"type": "text"}}, "tool_choice": _builtins(req.tool_choice) or "auto",
-        "tools": [_tool_dict(t) for t in req.tools or ()], "top_p": job.chat.params.top_p,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id, "reasoning": _builtins(req.reasoning),
+        "store": req.stores, "temperature": job.chat.params.temperature, "top_p": job.chat.params.top_p,
+        "text": _builtins(req.text) or {"format": {"type": "text"}},
+        "tool_choice": _builtins(req.tool_choice) or "auto", "tools": [_tool_dict(t) for t in req.tools or ()],
         "truncation": "disabled", "user": req.user,
     }
 
@@ -121,8 +122,12 @@ class ResponseRun:
     def snapshot(self, status: str) -> dict[str, Any]:
         """The response object with the output so far: "queued" before it runs, "cancelled" after."""
         done = status in ("cancelled", "completed", "incomplete", "failed")
-        return self.builder.response(status, self._usage() if done else None,
-                                     completed_at=int(time.time()) if done else None)
+        response = self.builder.response(status, self._usage() if done else None,
+                                         completed_at=int(time.time()) if done else None)
+        for item in response["output"] if done else ():
+            if item["status"] == "in_progress":  # the item it was writing when it stopped
+                item["status"] = "incomplete"
+        return response
 
     async def run(self, emit: Emit) -> dict[str, Any]:
         async with aclosing(self.events()) as events:
