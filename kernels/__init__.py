@@ -9,7 +9,8 @@ Layout (shared by every backend):
 
 The queries of sequence i are the last q_len_i positions of its context. A query at
 position p attends keys at positions k with max(0, p - window + 1) <= k <= p
-(window None: no lower bound), which is Hugging Face's sliding-window rule.
+(window None: no lower bound), which is Hugging Face's sliding-window rule. With softcap
+(Gemma 2) each score is capped as softcap * tanh(score / softcap) before the mask.
 Blocks that hold no position any query may see are never read, so the engine can
 free them and leave any id in their table slots.
 

@@ -91,6 +91,8 @@ def test_configs_read_as_transformers_reads_them(raw, tmp_path):
 @pytest.mark.parametrize("change,match", [
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types names 3 layers, num_hidden_layers is 7"),
+    ({"num_attention_heads": "four"}, "invalid Gemma3ForCausalLM config"),
 ])
 def test_gemma_settings_rill_cannot_compute_are_refused(change, match, tmp_path):
     path = _write_config(tmp_path, {**GEMMA3_OLD, **change})

@@ -93,17 +93,17 @@ class GemmaCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [T]; kv_caches: one (k_cache, v_cache) per layer -> hidden [T, hidden]
         x = self.embed(input_ids)
-        rope = {None: self.rotary.cos_sin(positions, x.dtype)}  # global layers
-        if any(self.config.layer_windows):
-            rope["local"] = self.local_rotary.cos_sin(positions, x.dtype)
+        global_rope = self.rotary.cos_sin(positions, x.dtype)  # (cos, sin), each [T, 1, head_dim]
+        local_rope = global_rope if self.local_rotary is self.rotary else self.local_rotary.cos_sin(positions, x.dtype)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            cos, sin = rope["local" if layer.self_attn.window else None]
+            cos, sin = local_rope if layer.self_attn.window else global_rope
             x = layer(x, cos, sin, kv_cache, meta.for_layer(i))  # its KV group's block table
         return self.norm(x)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         # sqrt(hidden) rounded to the weights' dtype first, as transformers scales (sqrt(3072) is 55.5 in bf16)
-        scale = torch.tensor(self.config.hidden_size**0.5).to(self.embed_tokens.weight.dtype)
+        weight = self.embed_tokens.weight
+        scale = torch.tensor(self.config.hidden_size**0.5, device=weight.device).to(weight.dtype)
         return self.embed_tokens(input_ids) * scale
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

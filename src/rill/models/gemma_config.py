@@ -47,13 +47,15 @@ def _text_config(cfg: dict, arch: str) -> dict:
     return {**_DEFAULTS[family], **inherited, "tie_word_embeddings": cfg.get("tie_word_embeddings", True), **text}
 
 
-def _layer_windows(cfg: dict) -> tuple[int | None, ...]:
+def _layer_windows(cfg: dict, file: Path) -> tuple[int | None, ...]:
     # layer_types where written; older configs give a period (every n-th layer global).
     num_layers = int(cfg["num_hidden_layers"])
     layer_types = cfg.get("layer_types") or [
         "full_attention" if (i + 1) % int(cfg["sliding_window_pattern"]) == 0 else "sliding_attention"
         for i in range(num_layers)
     ]
+    if len(layer_types) != num_layers:
+        raise ModelLoadError(f"{file}: layer_types names {len(layer_types)} layers, num_hidden_layers is {num_layers}")
     window = cfg.get("sliding_window")
     return tuple(int(window) if t == "sliding_attention" and window else None for t in layer_types)
 
@@ -80,6 +82,13 @@ def _check(cfg: dict, file: Path) -> None:
 
 
 def load_gemma_config(raw: dict, arch: str, file: Path, generation: dict, dtype: str | None) -> GemmaConfig:
+    try:
+        return _gemma_config(raw, arch, file, generation, dtype)
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of the wrong type or value
+        raise ModelLoadError(f"{file}: invalid {arch} config ({e})") from None
+
+
+def _gemma_config(raw: dict, arch: str, file: Path, generation: dict, dtype: str | None) -> GemmaConfig:
     cfg = _text_config(raw, arch)
     _check(cfg, file)
     dtype_name = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
@@ -104,7 +113,7 @@ def load_gemma_config(raw: dict, arch: str, file: Path, generation: dict, dtype:
         o_bias=bool(cfg["attention_bias"]),
         mlp_bias=False,
         qk_norm=not is_gemma2,
-        layer_windows=_layer_windows(cfg),
+        layer_windows=_layer_windows(cfg, file),
         dtype=_DTYPES[dtype_name],
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg, generation),
