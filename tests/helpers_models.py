@@ -53,7 +53,7 @@ def gemma_kinds(gemma2, gemma3) -> dict:
     }
 
 
-def _spread_norm_weights(model) -> None:
+def spread_norm_weights(model) -> None:
     """Gemma initializes its (1 + weight) norms to weight 0; random ones make the parity tests see the 1 +."""
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -72,7 +72,7 @@ def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if arch.startswith("gemma"):
-        _spread_norm_weights(model)
+        spread_norm_weights(model)
     model.save_pretrained(path)
     return path
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_models import _spread_norm_weights, gemma_kinds, make_model_dir
+from helpers_models import gemma_kinds, make_model_dir, spread_norm_weights
 from helpers_tokenizers import byte_fallback_bpe, hf_tokenizer, llama_config, save_dir
 from safetensors.torch import load_file, save_file
 from test_model_parity import rill_logits
@@ -128,7 +128,7 @@ def _multimodal_dir(path: Path) -> Path:
                        initializer_range=0.2)
     torch.manual_seed(0)
     model = Gemma3ForConditionalGeneration(cfg)
-    _spread_norm_weights(model)
+    spread_norm_weights(model)
     model.save_pretrained(path)
     return path
 
