@@ -41,7 +41,8 @@ def _sdpa(q, k, v, visible, scale, softcap):
     the scores are capped as Gemma 2 computes them (softcap * tanh(scores / softcap), before
     the mask), which the fused call cannot express."""
     if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=gqa)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     scores = softcap * torch.tanh(q @ k.transpose(-1, -2) * (scale / softcap))

@@ -307,7 +307,8 @@ def _launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_
         *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         PAGE=k_cache.shape[1], BLOCK_N=DECODE_CONFIG["BLOCK_N"], HAS_WINDOW=window is not None,
-        SPLIT=num_splits > 1, HAS_SOFTCAP=softcap is not None, DOT_PRECISION=_dot_precision(query), UPCAST=_upcast_dots(query),
+        SPLIT=num_splits > 1, HAS_SOFTCAP=softcap is not None,
+        DOT_PRECISION=_dot_precision(query), UPCAST=_upcast_dots(query),
         num_warps=DECODE_CONFIG["num_warps"], num_stages=DECODE_CONFIG["num_stages"],
     )
     if num_splits > 1:
