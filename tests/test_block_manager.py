@@ -1,8 +1,10 @@
-"""Paged KV bookkeeping: allocation, prefix sharing, LRU eviction, sliding-window freeing."""
+"""Paged KV bookkeeping: allocation, prefix sharing, LRU eviction, sliding-window freeing, KV groups
+(layers with different windows: per-group freeing, accounting in block ids, prefix hits)."""
 
 import pytest
 
 from rill.engine.block_manager import BlockManager
+from rill.engine.kv_layout import KVLayout
 from rill.engine.sequence import Sequence
 
 
@@ -98,7 +100,7 @@ def test_prefix_caching_off_never_shares():
 @pytest.mark.parametrize("window", [4, 5, 8, 13])
 def test_window_frees_blocks_no_future_query_can_see(window):
     bs = 4
-    bm = BlockManager(num_blocks=64, block_size=bs)
+    bm = BlockManager(num_blocks=64, block_size=bs, group_windows=(window,))
     seq = make_seq([1], block_size=bs)
     bm.append(seq, 1)
     seq.num_computed_tokens = 1
@@ -107,12 +109,12 @@ def test_window_frees_blocks_no_future_query_can_see(window):
         seq.append_token(step)
         bm.append(seq, 1)
         seq.num_computed_tokens += 1
-        bm.free_outside_window(seq, window)
-        live = len(seq.block_table) - seq.num_window_freed_blocks
+        bm.free_outside_window(seq)
+        live = len(seq.block_table) - seq.num_freed_blocks[0]
         peak = max(peak, live)
         # every position a future query may see (>= next_pos - window + 1) is still held
         oldest_visible = max(0, seq.num_computed_tokens - window + 1)
-        assert seq.num_window_freed_blocks * bs <= oldest_visible
+        assert seq.num_freed_blocks[0] * bs <= oldest_visible
     assert peak <= -(-window // bs) + 2
     bm.free(seq)
     assert bm.num_free_blocks == 64
@@ -137,8 +139,184 @@ def test_a_growing_sequence_hashes_each_block_once_and_its_continuation_hits(mon
         before = seq.num_computed_tokens
         bm.append(seq, 1)
         seq.num_computed_tokens += 1
-        bm.on_computed(seq, before, None)
+        bm.on_computed(seq, before)
     assert len(calls) == 25 and len(set(calls)) == 25
     again = make_seq(tokens + [0])
     assert bm.match_prefix(again) == 100
+    bm.check_invariants()
+
+
+# -- KV groups: layers with different windows (engine/kv_layout.py) --------------------------------
+
+def gemma3_windows(num_layers, window=1024, pattern=6):
+    """google/gemma-3: every pattern-th layer is global, the others slide."""
+    return [None if (i + 1) % pattern == 0 else window for i in range(num_layers)]
+
+
+def test_one_window_for_every_layer_is_one_group_with_a_slot_per_layer():
+    for windows in ([None] * 4, [24] * 4):
+        layout = KVLayout.for_windows(windows)
+        assert layout.group_windows == (windows[0],) and layout.layers_per_group == 4
+        assert layout.layer_slot == (0, 1, 2, 3) and layout.layer_group == (0, 0, 0, 0)
+
+
+def test_gemma3_layers_split_into_groups_of_the_global_layer_count():
+    layout = KVLayout.for_windows(gemma3_windows(34))  # gemma-3-4b: 29 local, 5 global
+    assert layout.layers_per_group == 5
+    assert layout.group_windows == (1024,) * 6 + (None,)
+    assert layout.num_padded_slots == 1  # 29 local layers in 6 groups of 5
+    for layer in (5, 11, 17, 23, 29):
+        assert layout.layer_group[layer] == 6
+    # every (group, slot) pair is one layer's at most: no two layers write the same cache memory
+    pairs = list(zip(layout.layer_group, layout.layer_slot))
+    assert len(set(pairs)) == 34 and max(layout.layer_slot) == 4
+
+
+def test_block_counts_per_sequence_add_up_over_groups():
+    layout = KVLayout.for_windows([8, None, 8, None])  # two groups of two layers
+    assert layout.min_blocks(100, 4) == 25 + (3 + 1)  # full: every block; sliding: window + 1 + 1
+    assert layout.max_blocks(100, 4, chunk_tokens=8) == 25 + 5
+    assert layout.page_bytes(4, num_kv_heads=2, head_dim=8, itemsize=2) == 2 * 2 * 4 * 2 * 8 * 2
+
+
+def hybrid_bm(num_blocks=64, bs=4, windows=(None, 8), caching=True):
+    return BlockManager(num_blocks, bs, enable_prefix_caching=caching, group_windows=windows)
+
+
+def hybrid_seq(tokens, groups=2, rid="r"):
+    return Sequence(rid, 0, list(tokens), params=None, block_size=4, max_tokens=16, num_kv_groups=groups)
+
+
+def decode(bm, seq, tokens):
+    """One token per step, as the engine's _advance does it."""
+    for t in tokens:
+        seq.append_token(t)
+        before = seq.num_computed_tokens
+        assert bm.can_append(seq, 1)
+        bm.append(seq, 1)
+        seq.num_computed_tokens += 1
+        bm.on_computed(seq, before)
+
+
+def live_blocks(seq, g):
+    return len(seq.block_tables[g]) - seq.num_freed_blocks[g]
+
+
+def test_full_group_keeps_every_block_while_the_sliding_group_frees_its_past():
+    bm = hybrid_bm(num_blocks=128)
+    seq = hybrid_seq([1])
+    bm.append(seq, 1)
+    seq.num_computed_tokens = 1
+    for n in range(2, 300):
+        decode(bm, seq, [n % 50])
+        assert live_blocks(seq, 0) == -(-seq.num_computed_tokens // 4)  # full: all of them
+        assert live_blocks(seq, 1) <= -(-8 // 4) + 2  # window 8: bounded
+        first_visible = max(0, seq.num_computed_tokens - 8 + 1)
+        assert seq.num_freed_blocks[1] * 4 <= first_visible  # nothing a query may still see is freed
+        assert bm.num_used_blocks == live_blocks(seq, 0) + live_blocks(seq, 1)
+    bm.free(seq)
+    assert bm.num_free_blocks == 128 and seq.block_tables == [[], []]
+    bm.check_invariants()
+
+
+def test_each_new_logical_block_costs_one_block_id_per_group():
+    bm = hybrid_bm(num_blocks=10, windows=(None, 8, 8))
+    seq = hybrid_seq(range(10), groups=3)
+    assert bm.num_new_blocks(seq, 10) == 3 * 3
+    assert bm.can_append(seq, 12) and not bm.can_append(seq, 13)  # 3 x 3 = 9 ids fit in 10, 4 x 3 do not
+    assert bm.num_tokens_that_fit(seq) == 12
+    bm.append(seq, 10)
+    assert [len(t) for t in seq.block_tables] == [3, 3, 3] and bm.num_free_blocks == 1
+    assert len({b for t in seq.block_tables for b in t}) == 9  # no block id in two groups
+
+
+def compute_hybrid(bm, seq, chunk=8):
+    """Admit seq (prefix cache first), then prefill it in chunks as the scheduler would."""
+    seq.num_computed_tokens = seq.num_cached_tokens = bm.match_prefix(seq)
+    while seq.num_computed_tokens < seq.num_tokens:
+        n = min(chunk, seq.num_tokens - seq.num_computed_tokens)
+        before = seq.num_computed_tokens
+        bm.append(seq, n)
+        seq.num_computed_tokens += n
+        bm.on_computed(seq, before)
+
+
+def test_a_repeated_long_prompt_hits_with_the_full_blocks_and_only_the_windows_tail():
+    bm = hybrid_bm()
+    tokens = list(range(1, 41))  # 10 blocks of 4
+    a = hybrid_seq(tokens, rid="a")
+    compute_hybrid(bm, a)
+    bm.free(a)
+    b = hybrid_seq(tokens + [99], rid="b")
+    assert bm.match_prefix(b) == 40
+    assert live_blocks(b, 0) == 10  # the full group shares every block
+    # window 8: the next query (position 40) sees positions 33..40, so blocks 8 and 9 only
+    assert b.num_freed_blocks[1] == 8 and live_blocks(b, 1) == 2
+    assert all(bm.blocks[i].ref_count == 1 for i in b.block_tables[1][8:])
+    bm.free(b)
+    assert bm.num_free_blocks == bm.num_blocks
+    bm.check_invariants()
+
+
+def test_a_prefix_hit_stops_where_the_sliding_tail_was_evicted():
+    bm = hybrid_bm()
+    tokens = list(range(1, 41))
+    a = hybrid_seq(tokens, rid="a")
+    compute_hybrid(bm, a)
+    bm.free(a)
+    h9, _ = bm._block_hash(a, 9)
+    del bm.cached[1][h9]  # the sliding group lost block 9 (evicted)
+    b = hybrid_seq(tokens + [99], rid="b")
+    assert bm.match_prefix(b) == 36  # stop before block 9: blocks 7 and 8 hold the window there
+    assert b.num_freed_blocks[1] == 7 and live_blocks(b, 1) == 2 and live_blocks(b, 0) == 9
+    bm.free(b)
+    bm.check_invariants()
+
+
+def test_a_prefix_hit_needs_every_full_attention_block():
+    bm = hybrid_bm()
+    tokens = list(range(1, 41))
+    a = hybrid_seq(tokens, rid="a")
+    compute_hybrid(bm, a)
+    bm.free(a)
+    h3, _ = bm._block_hash(a, 3)
+    del bm.cached[0][h3]  # the full group lost block 3
+    b = hybrid_seq(tokens + [99], rid="b")
+    assert bm.match_prefix(b) == 12
+    assert live_blocks(b, 0) == 3 and b.num_freed_blocks[1] == 1 and live_blocks(b, 1) == 2
+    bm.free(b)
+    bm.check_invariants()
+
+
+def test_a_sliding_only_model_hits_a_long_prompt_whose_early_blocks_were_evicted():
+    bm = BlockManager(64, 4, group_windows=(8,))
+    tokens = list(range(1, 41))
+    a = make_seq(tokens, rid="a")
+    compute_hybrid(bm, a)
+    bm.free(a)
+    for i in range(4):  # blocks no query at the end can see
+        h, _ = bm._block_hash(a, i)
+        del bm.cached[0][h]
+    b = make_seq(tokens + [99], rid="b")
+    assert bm.match_prefix(b) == 40 and live_blocks(b, 0) == 2
+    bm.free(b)
+    bm.check_invariants()
+
+
+def test_evicting_a_cached_block_forgets_it_in_its_own_groups_cache():
+    bm = hybrid_bm(num_blocks=24)
+    tokens = list(range(1, 41))
+    a = hybrid_seq(tokens, rid="a")
+    compute_hybrid(bm, a)
+    bm.free(a)
+    c = hybrid_seq([500 + i for i in range(40)], rid="c")  # other content takes every block
+    compute_hybrid(bm, c)
+    cached_ids = {b for cache in bm.cached for b in cache.values()}
+    assert all(bm.blocks[b].hash is not None for b in cached_ids)
+    for g, cache in enumerate(bm.cached):
+        assert all(bm.blocks[b].group == g and bm.blocks[b].hash == h for h, b in cache.items())
+    bm.free(c)
+    b = hybrid_seq(tokens + [99], rid="b")
+    assert bm.match_prefix(b) < 40  # a's blocks were taken
+    bm.free(b)
     bm.check_invariants()

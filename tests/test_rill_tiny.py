@@ -100,7 +100,7 @@ def test_a_20000_token_session_holds_at_most_window_blocks_plus_two():
         sent += 64
         core.step()
         (seq,) = core.requests["s"]
-        peak = max(peak, len(seq.block_table) - seq.num_window_freed_blocks)
+        peak = max(peak, len(seq.block_table) - seq.num_freed_blocks[0])
     core.finish_input("s")
     tokens = []
     for _ in range(20):

@@ -1,26 +1,35 @@
 """Paged KV cache bookkeeping: fixed-size blocks, reference counts, prefix cache, window freeing.
 
+One pool of block ids serves every KV group (engine/kv_layout.py): a sequence holds one block
+table per group, all of the same logical length; a sliding group releases the leading blocks that
+left its window (their table slots stay, never read again), a full group keeps them.
+
 A full block is keyed by a hash chained over (parent hash, its token ids), so two
-sequences that share a prefix share its blocks. Freed blocks that carry a hash stay
-findable until their id is handed out again; the free list is kept in LRU order
-(least recently freed first), which makes reuse evict the coldest cached block.
+sequences that share a prefix share its blocks; each group keeps its own hash -> block map.
+Freed blocks that carry a hash stay findable until their id is handed out again; the free
+list is kept in LRU order (least recently freed first), which makes reuse evict the coldest
+cached block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence as Seq
 
 from rill.engine.sequence import Sequence
 
+FREED_SLOT = 0  # what a table holds for a block a sliding group never had (a prefix hit past it)
+
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids", "group")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.hash: int | None = None
         self.token_ids: tuple[int, ...] = ()
+        self.group = 0  # the group whose prefix cache knows it (when hash is set)
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -28,12 +37,17 @@ def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 group_windows: Seq[int | None] = (None,)):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.group_windows = tuple(group_windows)  # per KV group: its sliding window, or None
+        self.num_groups = len(self.group_windows)
+        self.sliding_groups = tuple((g, w) for g, w in enumerate(self.group_windows) if w is not None)
+        self.full_groups = tuple(g for g, w in enumerate(self.group_windows) if w is None)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # chain hash -> block id
+        self.cached: list[dict[int, int]] = [{} for _ in self.group_windows]  # per group: chain hash -> block id
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
 
@@ -46,6 +60,10 @@ class BlockManager:
         return len(self.free_ids)
 
     @property
+    def num_used_blocks(self) -> int:
+        return len(self.blocks) - len(self.free_ids)
+
+    @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
@@ -55,8 +73,8 @@ class BlockManager:
         block_id, _ = self.free_ids.popitem(last=False)
         block = self.blocks[block_id]
         assert block.ref_count == 0
-        if block.hash is not None and self.cached.get(block.hash) == block_id:
-            del self.cached[block.hash]  # evict: its contents are about to be overwritten
+        if block.hash is not None and self.cached[block.group].get(block.hash) == block_id:
+            del self.cached[block.group][block.hash]  # evict: its contents are about to be overwritten
         block.hash, block.token_ids, block.ref_count = None, (), 1
         return block_id
 
@@ -74,21 +92,24 @@ class BlockManager:
         block.ref_count += 1
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Block ids seq's next num_new_tokens take: the new logical blocks, once in every group."""
         needed = seq.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
-        return max(0, needed - len(seq.block_table))
+        return max(0, needed - len(seq.block_tables[0])) * self.num_groups
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
 
     def num_tokens_that_fit(self, seq: Sequence) -> int:
         """How many more tokens seq could compute with its own blocks and every free one."""
-        capacity = (len(seq.block_table) + self.num_free_blocks) * self.block_size
+        capacity = (len(seq.block_tables[0]) + self.num_free_blocks // self.num_groups) * self.block_size
         return max(0, capacity - seq.num_computed_tokens)
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         """Give seq the blocks to hold its next num_new_tokens tokens."""
-        for _ in range(self.num_new_blocks(seq, num_new_tokens)):
-            seq.block_table.append(self._take())
+        needed = seq.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
+        for table in seq.block_tables:
+            for _ in range(needed - len(table)):
+                table.append(self._take())
 
     # -- prefix cache -----------------------------------------------------------------------
 
@@ -104,23 +125,68 @@ class BlockManager:
             hashes.append(chain_hash(hashes[-1] if i else None, tokens))
         return hashes[i], tokens
 
-    def match_prefix(self, seq: Sequence) -> int:
-        """For a sequence with no blocks yet: share its cached full blocks; return tokens covered.
+    def _lookup(self, seq: Sequence, group: int, i: int) -> int | None:
+        """The cached block of group holding seq's block i, if any (token ids checked: a hash
+        collision must not hand out someone else's KV)."""
+        h, tokens = self._block_hash(seq, i)
+        block_id = self.cached[group].get(h)
+        if block_id is None or self.blocks[block_id].token_ids != tokens:
+            return None
+        return block_id
 
-        At least one token is left to compute, since the step needs its logits.
+    def _first_visible_block(self, window: int | None, num_tokens: int) -> int:
+        """The first block a query at position num_tokens can see (0 without a window)."""
+        return 0 if window is None else max(0, num_tokens - window + 1) // self.block_size
+
+    def _sliding_hit(self, seq: Sequence, group: int, window: int, num_blocks: int) -> int:
+        """The most blocks m <= num_blocks after which group can go on: it holds every block
+        [first visible from m, m). A miss at block j rules out every m > j, so go on below j."""
+        m = num_blocks
+        while m > 0:
+            first = self._first_visible_block(window, m * self.block_size)
+            miss = next((j for j in range(m - 1, first - 1, -1) if self._lookup(seq, group, j) is None), None)
+            if miss is None:
+                return m
+            m = miss
+        return 0
+
+    def _num_hit_blocks(self, seq: Sequence, max_blocks: int) -> int:
+        """The longest prefix, in blocks, every group can serve: a full group needs all its
+        blocks, a sliding group only the ones its window still sees at the end of the prefix
+        (as vLLM's hybrid manager; lowering the hit for one sliding group may break another's
+        tail, so this settles to a fixed point)."""
+        n = max_blocks
+        for g in self.full_groups:
+            n = next((i for i in range(n) if self._lookup(seq, g, i) is None), n)
+        settled = False
+        while not settled:
+            settled = True
+            for g, window in self.sliding_groups:
+                m = self._sliding_hit(seq, g, window, n)
+                if m < n:
+                    n, settled = m, False
+        return n
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """For a sequence with no blocks yet: share its cached blocks; return tokens covered.
+
+        At least one token is left to compute, since the step needs its logits. A sliding group
+        shares only the blocks its window sees; the slots before them count as freed.
         """
-        assert not seq.block_table and seq.num_computed_tokens == 0
+        assert not seq.block_tables[0] and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        for i in range(max_blocks):
-            h, tokens = self._block_hash(seq, i)
-            block_id = self.cached.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            self._share(block_id)
-            seq.block_table.append(block_id)
-        hit = len(seq.block_table) * self.block_size
+        n = self._num_hit_blocks(seq, (seq.num_tokens - 1) // self.block_size)
+        for g, window in enumerate(self.group_windows):
+            first = self._first_visible_block(window, n * self.block_size)
+            table = seq.block_tables[g]
+            table.extend([FREED_SLOT] * first)
+            seq.num_freed_blocks[g] = first
+            for i in range(first, n):
+                block_id = self._lookup(seq, g, i)
+                self._share(block_id)
+                table.append(block_id)
+        hit = n * self.block_size
         self.num_queried_tokens += seq.num_tokens
         self.num_hit_tokens += hit
         return hit
@@ -133,43 +199,55 @@ class BlockManager:
         last = seq.num_computed_tokens // self.block_size
         if last <= first:
             return
-        for i in range(max(first, seq.num_window_freed_blocks), last):
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None:
-                block.hash, block.token_ids = self._block_hash(seq, i)
-                self.cached.setdefault(block.hash, block.block_id)
+        for g, table in enumerate(seq.block_tables):
+            cache = self.cached[g]
+            for i in range(max(first, seq.num_freed_blocks[g]), last):
+                block = self.blocks[table[i]]
+                if block.hash is None:
+                    block.hash, block.token_ids = self._block_hash(seq, i)
+                    block.group = g
+                    cache.setdefault(block.hash, block.block_id)
 
-    def on_computed(self, seq: Sequence, num_committed_before: int, window: int | None) -> None:
+    def on_computed(self, seq: Sequence, num_committed_before: int) -> None:
         """After a step computed seq's tokens from num_committed_before on: cache the blocks that
-        filled up and free those that left the window. Both are rare in decode, so each is
-        checked inline first (this runs for every sequence on every engine step)."""
+        filled up and free those that left a window. Both are rare in decode, so each is
+        checked first (this runs for every sequence on every engine step)."""
         bs = self.block_size
         if seq.num_computed_tokens // bs != num_committed_before // bs:
             self.commit_full_blocks(seq, num_committed_before)
-        if window is not None and (seq.num_computed_tokens - window + 1) // bs > seq.num_window_freed_blocks:
-            self.free_outside_window(seq, window)
+        freed = seq.num_freed_blocks
+        for g, window in self.sliding_groups:
+            if (seq.num_computed_tokens - window + 1) // bs > freed[g]:
+                self.free_outside_window(seq)
+                return
 
     # -- freeing ----------------------------------------------------------------------------
 
     def free(self, seq: Sequence) -> None:
-        # Release the tail first so that, in LRU order, a prefix outlives its continuation.
-        for block_id in reversed(seq.block_table[seq.num_window_freed_blocks :]):
-            self._release(block_id)
-        seq.block_table = []
-        seq.num_window_freed_blocks = 0
+        # Sliding groups first, then full ones, each tail first: in LRU order a prefix outlives
+        # its continuation, and a full group's prefix (any hit needs it) outlives a window's tail.
+        for g in [g for g, _ in self.sliding_groups] + list(self.full_groups):
+            table = seq.block_tables[g]
+            for block_id in reversed(table[seq.num_freed_blocks[g] :]):
+                self._release(block_id)
+        seq.clear_blocks()
 
-    def free_outside_window(self, seq: Sequence, window: int) -> int:
-        """Release leading blocks no future query can see; return how many were released.
+    def free_outside_window(self, seq: Sequence) -> int:
+        """Release the leading blocks of each sliding group that no future query can see; return
+        how many were released.
 
         The next query is at position num_computed_tokens and sees keys > pos - window, so
         block i is dead once (i + 1) * block_size <= num_computed_tokens - window + 1.
         """
-        dead = max(0, seq.num_computed_tokens - window + 1) // self.block_size
         released = 0
-        while seq.num_window_freed_blocks < min(dead, len(seq.block_table)):
-            self._release(seq.block_table[seq.num_window_freed_blocks])
-            seq.num_window_freed_blocks += 1
-            released += 1
+        freed = seq.num_freed_blocks
+        for g, window in self.sliding_groups:
+            table = seq.block_tables[g]
+            dead = min(self._first_visible_block(window, seq.num_computed_tokens), len(table))
+            while freed[g] < dead:
+                self._release(table[freed[g]])
+                freed[g] += 1
+                released += 1
         return released
 
     def check_invariants(self) -> None:

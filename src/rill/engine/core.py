@@ -11,6 +11,7 @@ import torch
 
 from rill.config import EngineConfig, default_kv_cache_bytes
 from rill.engine.block_manager import BlockManager
+from rill.engine.kv_layout import KVLayout
 from rill.engine.model_runner import ModelRunner
 from rill.engine.prompt_logprobs import prompt_spans
 from rill.engine.sampler import SampledToken, Sampler, make_generator
@@ -33,14 +34,16 @@ class EngineCore:
         self.tokenizer = Tokenizer.from_dir(self.model_dir, chat_template=config.chat_template)
         cfg = self.model_config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        self.window = cfg.sliding_window
+        self.window = cfg.sliding_window  # the one window when every layer slides with it
+        self.kv_layout = KVLayout.for_windows(cfg.layer_windows)
         num_blocks = config.num_kv_blocks or self._blocks_for_budget(config.kv_cache_bytes or default_kv_cache_bytes())
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.window)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          self.kv_layout.group_windows)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         eos = set(cfg.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.eos_token_ids = frozenset(eos)
         sampler = Sampler(self.eos_token_ids, cfg.vocab_size, piece_index(self.tokenizer))
-        self.runner = ModelRunner(model, num_blocks, config.block_size, sampler)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, sampler, self.kv_layout)
         self.requests: dict[str, list[Sequence]] = {}
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
@@ -52,25 +55,20 @@ class EngineCore:
     def _blocks_for_budget(self, kv_cache_bytes: int) -> int:
         """Blocks that fit the byte budget, but no more than max_num_seqs full-length sequences
         can use: a small model would otherwise allocate (and zero) the whole budget for nothing."""
-        fit = kv_cache_bytes // (self.model_config.kv_bytes_per_token * self.config.block_size)
+        cfg = self.model_config
+        page_bytes = self.kv_layout.page_bytes(self.config.block_size, cfg.num_kv_heads, cfg.head_dim,
+                                               cfg.dtype.itemsize)
+        fit = kv_cache_bytes // page_bytes
         useful = self.config.max_num_seqs * self.max_blocks_per_seq(self.max_model_len)
         return max(1, min(fit, useful))
 
     def max_blocks_per_seq(self, num_tokens: int) -> int:
-        """Blocks one sequence of num_tokens can hold at once (the window bounds it)."""
-        bs = self.config.block_size
-        if self.window is not None:
-            num_tokens = min(num_tokens, self.window + self.config.max_num_batched_tokens + bs)
-        return (num_tokens + bs - 1) // bs
+        """Blocks one sequence of num_tokens can hold at once (sliding windows bound theirs)."""
+        return self.kv_layout.max_blocks(num_tokens, self.config.block_size, self.config.max_num_batched_tokens)
 
     def min_blocks_per_seq(self, num_tokens: int) -> int:
-        """Blocks a sequence of num_tokens needs to make progress alone, one token per step if
-        it must: all of them, or with a sliding window the window's worth plus the block being
-        written and one the window has not yet let go of."""
-        bs = self.config.block_size
-        if self.window is not None:
-            num_tokens = min(num_tokens, self.window + bs)
-        return (num_tokens + bs - 1) // bs + (1 if self.window is not None else 0)
+        """Blocks a sequence of num_tokens needs to make progress alone (KVLayout.min_blocks)."""
+        return self.kv_layout.min_blocks(num_tokens, self.config.block_size)
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
         """Validate lengths; return the output budget (max_tokens capped by the model length)."""
@@ -113,7 +111,7 @@ class EngineCore:
                     request_id, i, prompt_token_ids, params,
                     block_size=self.config.block_size, max_tokens=max_tokens,
                     detokenizer=self._detokenizer(prompt_token_ids, params),
-                    generator=make_generator(seed), **session,
+                    generator=make_generator(seed), num_kv_groups=self.kv_layout.num_groups, **session,
                     matcher=None if params.grammar is None else params.grammar.new_matcher(),
                 )
             )
@@ -269,15 +267,21 @@ class EngineCore:
         return deltas
 
     def _advance(self, batch: ScheduledBatch) -> None:
+        on_computed = self.block_manager.on_computed
+        if self.kv_layout.num_groups > 1:  # several windows: on_computed checks each
+            for seq, n, before in zip(batch.seqs, batch.num_new_tokens, batch.num_computed):
+                seq.num_computed_tokens = before + n
+                on_computed(seq, before)
+            return
         # Per sequence per step: BlockManager.on_computed's two checks inline, so that the call
         # is made only when a block filled up or one may have left the window (rare in decode).
-        on_computed, window, bs = self.block_manager.on_computed, self.window, self.config.block_size
+        window, bs = self.window, self.config.block_size
         for seq, n, before in zip(batch.seqs, batch.num_new_tokens, batch.num_computed):
             after = seq.num_computed_tokens = before + n
             if after // bs != before // bs or (
-                window is not None and (after - window + 1) // bs > seq.num_window_freed_blocks
+                window is not None and (after - window + 1) // bs > seq.num_freed_blocks[0]
             ):
-                on_computed(seq, before, window)
+                on_computed(seq, before)
 
     def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
         # Runs for every sampled token: counters are read off the token list directly, and the

@@ -9,6 +9,7 @@ import torch
 
 from rill.engine.prompt_logprobs import MAX_ROWS_PER_PASS, PromptSpan, token_logprobs
 from rill.engine.sampler import SampledToken, Sampler
+from rill.engine.kv_layout import KVLayout
 from rill.engine.scheduler import ScheduledBatch
 from rill.engine.sequence import Sequence
 from rill.models.attention import AttentionMetadata
@@ -27,17 +28,23 @@ def zeroed_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, sampler: Sampler):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, sampler: Sampler,
+                 layout: KVLayout | None = None):
         cfg = model.config
         self.model = model
         self.block_size = block_size
         self.sampler = sampler
         self.device = model.embed_tokens.weight.device
+        self.layout = layout or KVLayout.for_windows(cfg.layer_windows)
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(zeroed_cache(shape, cfg.dtype, self.device), zeroed_cache(shape, cfg.dtype, self.device))
-                          for _ in range(cfg.num_layers)]
+        # k cache tensors for K and k for V; layer i reads its slot's (one per layer with one group)
+        slots = [(zeroed_cache(shape, cfg.dtype, self.device), zeroed_cache(shape, cfg.dtype, self.device))
+                 for _ in range(self.layout.layers_per_group)]
+        self.kv_caches = [slots[j] for j in self.layout.layer_slot]
 
     def _prepare(self, batch: ScheduledBatch):
+        if self.layout.num_groups > 1:
+            return self._prepare_groups(batch)
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -49,12 +56,12 @@ class ModelRunner:
             end = begin + num_new
             input_ids.extend(seq.token_ids[begin:end])
             positions.extend(range(begin, end))
-            table = seq.block_table
+            table = seq.block_tables[0]
             slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
             seq_lens.append(end)
             starts.append(starts[-1] + num_new)
-        width = max(len(s.block_table) for s in batch.seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs]
+        width = max(len(s.block_tables[0]) for s in batch.seqs)
+        tables = [s.block_tables[0] + [0] * (width - len(s.block_tables[0])) for s in batch.seqs]
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
@@ -65,6 +72,36 @@ class ModelRunner:
         )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        return ids, pos, meta, starts
+
+    def _prepare_groups(self, batch: ScheduledBatch):
+        """_prepare for a model with several KV groups: one block table and slot mapping per group,
+        the slots gathered from the tables on the device rather than once per group in Python."""
+        bs, dev = self.block_size, self.device
+        input_ids: list[int] = []
+        positions: list[int] = []
+        seq_lens: list[int] = []
+        starts = [0]
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            begin = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[begin : begin + num_new])
+            positions.extend(range(begin, begin + num_new))
+            seq_lens.append(begin + num_new)
+            starts.append(starts[-1] + num_new)
+        width = max(len(s.block_tables[0]) for s in batch.seqs)
+        tables = torch.tensor([[t + [0] * (width - len(t)) for t in (s.block_tables[g] for s in batch.seqs)]
+                               for g in range(self.layout.num_groups)], dtype=torch.int32, device=dev)  # [G, S, W]
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        rows = torch.repeat_interleave(torch.arange(len(batch.seqs), device=dev),
+                                       torch.tensor(batch.num_new_tokens, device=dev))  # [T]: each token's sequence
+        slots = tables[:, rows, pos // bs].long() * bs + pos % bs  # [G, T]
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+        qsl = torch.tensor(starts, dtype=torch.int32, device=dev)
+        max_q = max(batch.num_new_tokens)
+        groups = [AttentionMetadata(slots[g], tables[g], lens, qsl, max_q) for g in range(self.layout.num_groups)]
+        meta = AttentionMetadata(slots[0], tables[0], lens, qsl, max_q,
+                                 layers=tuple(groups[g] for g in self.layout.layer_group))
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         return ids, pos, meta, starts
 
     @torch.inference_mode()

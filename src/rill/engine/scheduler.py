@@ -5,8 +5,8 @@ ones are admitted in arrival order while the budget, max_num_seqs and KV blocks 
 When blocks run out, the newest unscheduled running sequence is preempted by recompute;
 idle streaming sessions are preempted before anyone else. A sequence with nobody left to
 preempt computes a shorter chunk, as much as the free blocks hold, so that one request that
-fits the cache alone always makes progress (with a sliding window it may hold far fewer
-blocks than its length).
+fits the cache alone always makes progress (with sliding windows it may hold far fewer
+blocks than its length). KV is counted in block ids over all KV groups (engine/kv_layout.py).
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 window: int | None = None):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
-        self.window = window
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -96,7 +94,7 @@ class Scheduler:
             samples = num_new <= budget  # the chunk reaches the end of the known tokens
             if not samples:
                 num_new = budget
-            if (computed + num_new + bs - 1) // bs > len(seq.block_table):
+            if (computed + num_new + bs - 1) // bs > len(seq.block_tables[0]):  # all tables are as long
                 fit = self._fit(seq, num_new, batch)
                 if fit < num_new:
                     num_new, samples = fit, False
@@ -175,9 +173,7 @@ class Scheduler:
             seq = self.waiting[0]
             # A prompt still to be scored (prompt logprobs) is computed whole: cached blocks would skip it.
             hit = 0 if seq.prompt_logprobs is not None else bm.match_prefix(seq)
-            seq.num_computed_tokens = seq.num_cached_tokens = hit
-            if self.window is not None:
-                bm.free_outside_window(seq, self.window)  # a long cached prefix keeps only its window
+            seq.num_computed_tokens = seq.num_cached_tokens = hit  # a sliding group shares only its window
             num_new = min(seq.num_pending_tokens, budget)
             while not bm.can_append(seq, num_new) and self._preempt_an_idle_session():
                 batch.num_preempted += 1

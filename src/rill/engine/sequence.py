@@ -39,6 +39,7 @@ class Sequence:
         *,
         block_size: int,
         max_tokens: int,
+        num_kv_groups: int = 1,
         detokenizer: Detokenizer | None = None,
         generator: torch.Generator | None = None,
         input_open: bool = False,
@@ -52,8 +53,10 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.num_cached_tokens = 0  # of those, how many came from the prefix cache
-        self.num_window_freed_blocks = 0  # leading blocks released by the sliding window
-        self.block_table: list[int] = []
+        # One block table per KV group (engine/kv_layout.py), all of the same logical length; in
+        # each, the leading num_freed_blocks[g] slots were released by the group's sliding window.
+        self.block_tables: list[list[int]] = [[] for _ in range(num_kv_groups)]
+        self.num_freed_blocks = [0] * num_kv_groups
         self.block_hashes: list[int] = []  # prefix-cache chain hash of each full block, filled lazily
         self.block_size = block_size
         self.params = params
@@ -80,6 +83,11 @@ class Sequence:
 
     def __repr__(self) -> str:
         return f"Sequence({self.request_id}#{self.index}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's block table (a model with one KV group has no other)."""
+        return self.block_tables[0]
 
     @property
     def num_tokens(self) -> int:
@@ -133,6 +141,11 @@ class Sequence:
     def num_blocks_for(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
+    def clear_blocks(self) -> None:
+        """Forget every block (the block manager has released them)."""
+        self.block_tables = [[] for _ in self.block_tables]
+        self.num_freed_blocks = [0] * len(self.block_tables)
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
@@ -149,6 +162,5 @@ class Sequence:
         """Preempted: KV is dropped; everything known so far becomes prompt to recompute."""
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
-        self.num_window_freed_blocks = 0
-        self.block_table = []
+        self.clear_blocks()
         self.status = Status.WAITING

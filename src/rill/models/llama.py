@@ -104,8 +104,8 @@ class CausalLM(nn.Module):
         # input_ids, positions: [T]; kv_caches: one (k_cache, v_cache) per layer -> hidden [T, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype, meta)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, meta)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            x = layer(x, cos, sin, kv_cache, meta.for_layer(i))  # its KV group's block table
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
