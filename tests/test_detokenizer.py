@@ -80,6 +80,18 @@ def test_context_from_a_prompt_cut_inside_a_character_starts_at_a_boundary(tmp_p
     assert deltas == ["", "", "☃", ""]
 
 
+def test_a_prompt_ending_in_ids_that_decode_to_nothing_keeps_the_next_words_space(tmp_path):
+    # Hypothesis found it: the last five prompt ids began inside 😀's bytes and ended in two <unk>, so the
+    # trimmed context decoded to "" and the first output word lost its leading space.
+    tok = Tokenizer.from_dir(save_dir(tmp_path, byte_fallback_bpe(), llama_config()))
+    unk = 0
+    assert tok.convert_ids_to_tokens([unk]) == ["<unk>"]
+    prompt = out_ids(tok, "😀") + [unk, unk]
+    assert tok.convert_ids_to_tokens(prompt)[1:5] == ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
+    world = out_ids(tok, " world")
+    assert "".join(run(tok, world, prompt)[0]) == tok.decode(prompt + world)[len(tok.decode(prompt)):] == " world"
+
+
 def test_bytelevel_emoji_split_across_tokens_is_released_whole(qwen):
     ids = out_ids(qwen, "😀")
     assert len(ids) > 1

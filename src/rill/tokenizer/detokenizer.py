@@ -27,6 +27,7 @@ from rill.errors import ValidationError
 # Prompt ids decoded along with the first output token, so that it decodes as it does in context
 # (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET).
 NUM_CONTEXT_TOKENS = 5
+MAX_CONTEXT_TOKENS = 32  # how far back a context reaches past ids that decode to nothing
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole UTF-8 character
 
 
@@ -120,9 +121,17 @@ class Detokenizer:
         return b"".join(self._piece(i) for i in prompt_token_ids[-NUM_CONTEXT_TOKENS:])
 
     def _context(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        # The window must decode to some text, and not start inside a character. A window that starts
+        # inside one decodes its bytes as U+FFFD, and ByteFallback then renders its whole run of byte
+        # tokens so, new ones included. A window of ids that decode to nothing (unknown ids, skipped
+        # specials) makes the first output piece the start of a text, and a ▁-tokenizer drops its space.
+        # So reach back (a little) to a start where both hold; else trim to a character boundary.
+        last = len(prompt_token_ids)
+        for start in range(max(0, last - NUM_CONTEXT_TOKENS), max(0, last - MAX_CONTEXT_TOKENS) - 1, -1):
+            text = self._decode(list(prompt_token_ids[start:]))
+            if text and not text.startswith(REPLACEMENT_CHAR):
+                return list(prompt_token_ids[start:])
         ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
-        # A window that starts inside a character decodes its bytes as U+FFFD, and ByteFallback then
-        # renders its whole run of byte tokens so, new ones included: start at a character boundary.
         while ids and self._decode(ids).startswith(REPLACEMENT_CHAR):
             del ids[0]
         return ids
