@@ -25,7 +25,7 @@ from rill.openai.responses_api.run import (
 )
 from rill.openai.serving import api_error
 from rill.transports.http import _as_api_error, _error, _json, _sse, _state
-from rill.transports.responses_store_http import follow_frames
+from rill.transports.responses_store_http import follow_frames, join_session_response
 from rill.transports.streaming_input import owner
 
 ENDPOINT = "/v1/responses"
@@ -41,9 +41,12 @@ def _context() -> ResponsesContext:
 @responses_api.post(ENDPOINT)
 async def create_response() -> Response:
     ctx = _context()
+    body = await request.get_data()  # past the body limit: a 413 from the app's handler
+    if (joined := await join_session_response(ctx, body)) is not None:  # a Mode B session's answer (item 5)
+        return joined
     trace = ctx.serving.new_trace(ENDPOINT, "resp")
     try:
-        job = prepare_response(ctx, await request.get_data(), trace)
+        job = prepare_response(ctx, body, trace)
         if job.request.background:
             return await _background(ctx, job)
     except Exception as exc:  # noqa: BLE001 - every failure before a run becomes an OpenAI error body
