@@ -6,12 +6,18 @@ gate, up), so the loader copies them as they are. What Phi-3 adds is LongRoPE (t
 at most `original_max_position_embeddings` tokens and `long_factor` past it, and cos/sin scaled by
 an attention factor.
 
-Which set applies: transformers takes max(position_ids) + 1 of each forward call, so a prompt longer
-than the original length is rotated with the long factors throughout, and a sequence that crosses it
-while decoding keeps the keys it cached with the short ones. rill decides per sequence in the same
-way, by the sequence's length after this step (its seq_lens entry). One difference: rill prefills a
-long prompt in chunks, so a chunk that ends at or before the original length uses the short factors
-where transformers' single forward would use the long ones.
+Which set applies: transformers' rotary embedding takes max(position_ids) + 1 of each forward call,
+so a prompt longer than the original length is rotated with the long factors throughout. rill decides
+per sequence in the same way, by the sequence's length after this step (its seq_lens entry), so a
+prompt prefilled in one step, and every decode step, match transformers. Where rill differs:
+- crossing while decoding: transformers' Phi3ForCausalLM.prepare_inputs_for_generation drops the KV
+  cache when the sequence first passes original_max_position_embeddings and prefills it all again
+  with the long factors; rill keeps the keys it cached with the short ones (as transformers' forward
+  does when called step by step) and rotates only the new tokens with the long ones.
+- a prompt prefilled in several chunks: a chunk that ends at or before the original length uses the
+  short factors, where transformers' single forward would use the long ones.
+- the prefix cache may hand a long sequence blocks that a short one computed with the short factors.
+Recomputing a sequence's KV when it crosses would take the engine's preemption path; not done.
 """
 
 from __future__ import annotations
