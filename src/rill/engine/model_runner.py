@@ -80,21 +80,21 @@ class ModelRunner:
         bs, dev = self.block_size, self.device
         input_ids: list[int] = []
         positions: list[int] = []
+        rows: list[int] = []  # each new token's sequence
         seq_lens: list[int] = []
         starts = [0]
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             begin = seq.num_computed_tokens
             input_ids.extend(seq.token_ids[begin : begin + num_new])
             positions.extend(range(begin, begin + num_new))
+            rows.extend([i] * num_new)
             seq_lens.append(begin + num_new)
             starts.append(starts[-1] + num_new)
         width = max(len(s.block_tables[0]) for s in batch.seqs)
         tables = torch.tensor([[t + [0] * (width - len(t)) for t in (s.block_tables[g] for s in batch.seqs)]
                                for g in range(self.layout.num_groups)], dtype=torch.int32, device=dev)  # [G, S, W]
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        rows = torch.repeat_interleave(torch.arange(len(batch.seqs), device=dev),
-                                       torch.tensor(batch.num_new_tokens, device=dev))  # [T]: each token's sequence
-        slots = tables[:, rows, pos // bs].long() * bs + pos % bs  # [G, T]
+        slots = tables[:, torch.tensor(rows, device=dev), pos // bs].long() * bs + pos % bs  # [G, T]
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         qsl = torch.tensor(starts, dtype=torch.int32, device=dev)
         max_q = max(batch.num_new_tokens)
