@@ -179,3 +179,14 @@ def test_gemma3_five_local_to_one_global_matches_transformers_and_bounds_its_loc
     assert first == hf_greedy(gemma3_dir, ids, 20)
     assert run(core, "b", ids, greedy(20)) == first  # again, from the prefix cache
     assert core.block_manager.num_hit_tokens >= len(ids) - bs
+
+
+def test_a_model_that_skips_for_layer_fails_loudly_rather_than_reading_another_groups_blocks(hybrid_dir):
+    core = engine(hybrid_dir)
+    core.add_request("x", prompt(20), greedy(2))
+    batch = core.scheduler.schedule()
+    _, _, meta, _ = core.runner._prepare(batch)
+    assert meta.slot_mapping is None and meta.block_tables is None
+    tables = {id(meta.for_layer(i).block_tables) for i in range(len(LAYER_TYPES))}
+    assert len(tables) == 3  # one per group
+    assert meta.for_layer(0).block_tables is meta.for_layer(2).block_tables  # layers 0 and 2: one group

@@ -99,8 +99,7 @@ class ModelRunner:
         qsl = torch.tensor(starts, dtype=torch.int32, device=dev)
         max_q = max(batch.num_new_tokens)
         groups = [AttentionMetadata(slots[g], tables[g], lens, qsl, max_q) for g in range(self.layout.num_groups)]
-        meta = AttentionMetadata(slots[0], tables[0], lens, qsl, max_q,
-                                 layers=tuple(groups[g] for g in self.layout.layer_group))
+        meta = AttentionMetadata(None, None, lens, qsl, max_q, layers=tuple(groups[g] for g in self.layout.layer_group))
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         return ids, pos, meta, starts
 

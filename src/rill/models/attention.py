@@ -9,8 +9,10 @@ import torch
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
-    block_tables: torch.Tensor  # [S, max_blocks] int32
+    # None in a step's metadata whose layers read different tables (below), so that a model that
+    # skips for_layer fails loudly instead of attending through another group's blocks.
+    slot_mapping: torch.Tensor | None  # [T] int64: cache slot of each new token
+    block_tables: torch.Tensor | None  # [S, max_blocks] int32
     seq_lens: torch.Tensor  # [S] int32: context length after this step
     query_start_loc: torch.Tensor  # [S + 1] int32
     max_query_len: int
