@@ -56,12 +56,12 @@ class ModelRunner:
             end = begin + num_new
             input_ids.extend(seq.token_ids[begin:end])
             positions.extend(range(begin, end))
-            table = seq.block_tables[0]
+            table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
             seq_lens.append(end)
             starts.append(starts[-1] + num_new)
-        width = max(len(s.block_tables[0]) for s in batch.seqs)
-        tables = [s.block_tables[0] + [0] * (width - len(s.block_tables[0])) for s in batch.seqs]
+        width = max(len(s.block_table) for s in batch.seqs)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs]
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),

@@ -94,7 +94,7 @@ class Scheduler:
             samples = num_new <= budget  # the chunk reaches the end of the known tokens
             if not samples:
                 num_new = budget
-            if (computed + num_new + bs - 1) // bs > len(seq.block_tables[0]):  # all tables are as long
+            if (computed + num_new + bs - 1) // bs > len(seq.block_table):  # every group's table is as long
                 fit = self._fit(seq, num_new, batch)
                 if fit < num_new:
                     num_new, samples = fit, False

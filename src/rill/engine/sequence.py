@@ -56,6 +56,7 @@ class Sequence:
         # One block table per KV group (engine/kv_layout.py), all of the same logical length; in
         # each, the leading num_freed_blocks[g] slots were released by the group's sliding window.
         self.block_tables: list[list[int]] = [[] for _ in range(num_kv_groups)]
+        self.block_table = self.block_tables[0]  # the same list: the per-step paths read it without indexing
         self.num_freed_blocks = [0] * num_kv_groups
         self.block_hashes: list[int] = []  # prefix-cache chain hash of each full block, filled lazily
         self.block_size = block_size
@@ -83,11 +84,6 @@ class Sequence:
 
     def __repr__(self) -> str:
         return f"Sequence({self.request_id}#{self.index}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"
-
-    @property
-    def block_table(self) -> list[int]:
-        """The first group's block table (a model with one KV group has no other)."""
-        return self.block_tables[0]
 
     @property
     def num_tokens(self) -> int:
@@ -144,6 +140,7 @@ class Sequence:
     def clear_blocks(self) -> None:
         """Forget every block (the block manager has released them)."""
         self.block_tables = [[] for _ in self.block_tables]
+        self.block_table = self.block_tables[0]
         self.num_freed_blocks = [0] * len(self.block_tables)
 
     def append_token(self, token_id: int) -> None:
