@@ -18,8 +18,8 @@ from rill.engine.async_engine import AsyncEngine, open_engine
 from rill.openai.serving import Serving
 from rill.server import hypercorn_config
 from rill.transports.http import ServerConfig, create_app
-from rill.transports.realtime_quart import realtime_hub
-from rill.transports.ws import serve_ws
+from rill.transports.realtime.quart_route import realtime_hub
+from rill.transports.realtime.ws_listener import serve_ws
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,7 +15,7 @@ import trio_websocket
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, running_server, wait_for  # noqa: F401
 from rill.transports.http import ServerConfig
-from rill.transports.realtime_driver import RealtimeConfig
+from rill.transports.realtime.driver import RealtimeConfig
 
 HI = [{"role": "user", "content": "hi"}]
 DEEP = 5000

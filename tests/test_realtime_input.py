@@ -11,9 +11,9 @@ import pytest
 from helpers_models import CHATML
 from helpers_tokenizers import byte_level_bpe, qwen_config, save_dir
 from rill.tokenizer import Tokenizer
-from rill.transports.realtime_audio import AudioInput, AudioLimits, decode_pcm16, resample
-from rill.transports.realtime_events import RealtimeError
-from rill.transports.realtime_input import split_prompt
+from rill.transports.realtime.audio_input import AudioInput, AudioLimits, decode_pcm16, resample
+from rill.transports.realtime.events import RealtimeError
+from rill.transports.realtime.text_input import split_prompt
 
 
 @pytest.fixture(scope="module")

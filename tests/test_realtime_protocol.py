@@ -16,10 +16,10 @@ from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
-from rill.transports.realtime import RealtimeConnection
-from rill.transports.realtime_state import TRANSITIONS, Move, State
-from rill.transports.realtime_driver import ChannelEngineLink
-from rill.transports.realtime_events import encode
+from rill.transports.realtime.connection import RealtimeConnection
+from rill.transports.realtime.state import TRANSITIONS, Move, State
+from rill.transports.realtime.driver import ChannelEngineLink
+from rill.transports.realtime.events import encode
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ async def test_an_item_created_while_text_streams_goes_before_the_streamed_messa
 
 
 async def test_beta_clients_get_beta_text_event_names(model_dir):
-    from rill.transports.realtime_response import Dialect
+    from rill.transports.realtime.response import Dialect
 
     async with harness(model_dir, dialect=Dialect.BETA) as h:
         h.send("session.update", session={"instructions": "Hi", "max_response_output_tokens": 3})

@@ -12,7 +12,7 @@ import trio
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, running_server  # noqa: F401
 from rill.transports.http import ServerConfig
-from rill.transports.realtime_driver import RealtimeConfig
+from rill.transports.realtime.driver import RealtimeConfig
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets")  # openai[realtime]

@@ -21,8 +21,8 @@ from rill.config import EngineConfig
 from rill.sampling_params import SamplingParams
 from rill.server import serve as rill_serve
 from rill.transports.http import ServerConfig
-from rill.transports.realtime_driver import RealtimeConfig, RealtimeHub
-from rill.transports.realtime_quart import realtime_hub
+from rill.transports.realtime.driver import RealtimeConfig, RealtimeHub
+from rill.transports.realtime.quart_route import realtime_hub
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

@@ -19,8 +19,8 @@ from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, parse_sse, running_server, wait_for  # noqa: F401
 from rill.sessions import StreamingInputConfig
 from rill.transports.http import ServerConfig
-from rill.transports.realtime_driver import RealtimeConfig
-from rill.transports.realtime_quart import realtime_hub
+from rill.transports.realtime.driver import RealtimeConfig
+from rill.transports.realtime.quart_route import realtime_hub
 
 HI = [{"role": "user", "content": "hi"}]
 SESSIONS = "/v1/streaming_input/sessions"

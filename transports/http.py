@@ -45,8 +45,8 @@ from rill.transports.api_keys import OPEN_PATHS, bearer_matches
 from rill.transports.keepalive import keep_alive_safe
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
-from rill.transports.realtime_driver import RealtimeConfig
-from rill.transports.realtime_quart import install_realtime
+from rill.transports.realtime.driver import RealtimeConfig
+from rill.transports.realtime.quart_route import install_realtime
 from rill.transports.web import install_web
 
 log = logging.getLogger("rill.server")

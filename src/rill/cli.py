@@ -70,7 +70,7 @@ def _cmd_serve(args) -> int:
     from rill.server import run
     from rill.sessions import config as streaming_input_config
     from rill.transports.http import ServerConfig
-    from rill.transports.realtime_driver import realtime_config
+    from rill.transports.realtime.driver import realtime_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = ServerConfig(
@@ -91,7 +91,7 @@ def _cmd_serve(args) -> int:
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from rill.openai.responses_api.config import add_arguments as add_responses_args
     from rill.sessions.config import add_arguments as add_streaming_input_args
-    from rill.transports.realtime_driver import add_realtime_args
+    from rill.transports.realtime.driver import add_realtime_args
 
     add_streaming_input_args(p)
     add_realtime_args(p)

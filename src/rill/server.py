@@ -19,8 +19,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.transports.http import ServerConfig, create_app
-from rill.transports.realtime_quart import realtime_hub
-from rill.transports.ws import serve_ws
+from rill.transports.realtime.quart_route import realtime_hub
+from rill.transports.realtime.ws_listener import serve_ws
 
 log = logging.getLogger("rill.server")
 

@@ -12,8 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from rill.transports.realtime_driver import MAX_FRAME_BYTES, RealtimeHub, Refusal, run_connection
-from rill.transports.realtime_quart import refusal_body
+from rill.transports.realtime.driver import MAX_FRAME_BYTES, RealtimeHub, Refusal, run_connection
 
 CONNECT_TIMEOUT_S = 10.0
 DISCONNECT_TIMEOUT_S = 5.0
@@ -41,7 +40,7 @@ async def _handle(hub: RealtimeHub, request: WebSocketRequest) -> None:
         extra = [(b"content-type", b"application/json")]
         if admitted.status == 503:
             extra.append((b"retry-after", b"1"))
-        await request.reject(admitted.status, extra_headers=extra, body=refusal_body(admitted))
+        await request.reject(admitted.status, extra_headers=extra, body=admitted.body())
         return
     with hub.counted():
         ws = await request.accept(subprotocol=admitted.subprotocol)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rill.errors import TemplateRewritesTextError, ValidationError
 from rill.tokenizer import IncrementalEncoder, Tokenizer
 from rill.tokenizer.chat_template import STREAMED_TEXT_PLACEHOLDER, split_at_placeholder
-from rill.transports.realtime_events import RealtimeError
+from rill.transports.realtime.events import RealtimeError
 
 
 @dataclass

@@ -385,7 +385,7 @@ class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_argumen
 
 
 class TranscriptionDelta(ServerEvent, tag="transcription.delta"):
-    """vLLM's: sent by a model with an audio front end as it transcribes (none yet; see realtime_audio)."""
+    """vLLM's: sent by a model with an audio front end as it transcribes (none yet; see audio_input)."""
 
     delta: str
 

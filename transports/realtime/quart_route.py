@@ -7,12 +7,10 @@ keepalive the raw listener runs). A refused handshake is an HTTP answer with an 
 
 from __future__ import annotations
 
-import msgspec
 from quart import Blueprint, Response, current_app, websocket
 from quart_trio import QuartTrio
 
-from rill.openai.errors import ApiError
-from rill.transports.realtime_driver import RealtimeConfig, RealtimeHub, Refusal, run_connection
+from rill.transports.realtime.driver import RealtimeConfig, RealtimeHub, Refusal, run_connection
 
 realtime_api = Blueprint("realtime", __name__)
 _EXTENSION = "rill.realtime"
@@ -28,10 +26,6 @@ def install_realtime(app: QuartTrio, config: RealtimeConfig, api_key: str | None
 
 def realtime_hub(app: QuartTrio) -> RealtimeHub:
     return app.extensions[_EXTENSION]
-
-
-def refusal_body(refusal: Refusal) -> bytes:
-    return msgspec.json.encode(ApiError(refusal.status, refusal.message, code=refusal.code).body)
 
 
 class QuartSocket:
@@ -58,7 +52,7 @@ async def realtime_route():
     admitted = hub.admit(headers, websocket.requested_subprotocols, websocket.args)
     if isinstance(admitted, Refusal):
         retry = {"Retry-After": "1"} if admitted.status == 503 else {}
-        return Response(refusal_body(admitted), status=admitted.status, headers=retry,
+        return Response(admitted.body(), status=admitted.status, headers=retry,
                         content_type="application/json")
     with hub.counted():
         await websocket.accept(subprotocol=admitted.subprotocol)

@@ -15,8 +15,8 @@ from rill.openai.errors import ApiError
 from rill.openai.serving import Serving
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
 from rill.sampling_params import SamplingParams
-from rill.transports.realtime_audio import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
-from rill.transports.realtime_events import (
+from rill.transports.realtime.audio_input import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
+from rill.transports.realtime.events import (
     AudioFormat, ContentPart, Item, RealtimeError, ResponseOptions, Session, SessionConfig, Tool,
     ToolChoiceFunction, new_id,
 )

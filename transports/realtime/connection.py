@@ -1,6 +1,6 @@
 """RealtimeConnection: the realtime protocol, sans-IO. Client frames and engine deltas in, server
 events out; engine commands go through a small `EngineLink` (non-blocking calls). No socket
-here: `realtime_driver` pumps a WebSocket through it, and tests drive it with the real engine.
+here: `driver` pumps a WebSocket through it, and tests drive it with the real engine.
 
 A connection is in one `State` at a time, changed only through `TRANSITIONS`:
 
@@ -23,20 +23,20 @@ from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
 from rill.tokenizer import IncrementalEncoder
-from rill.transports.realtime_audio import AudioInput, AudioLimits, audio_front_end
-from rill.transports.realtime_conversation import (
+from rill.transports.realtime.audio_input import AudioInput, AudioLimits, audio_front_end
+from rill.transports.realtime.conversation import (
     Conversation, Settings, as_realtime_error, check_client_item, user_text_item,
 )
-from rill.transports.realtime_events import (
+from rill.transports.realtime.events import (
     ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
     InputAudioBufferCleared, InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit,
     InputTextBufferCommitted, RealtimeError, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent,
     SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
     new_id,
 )
-from rill.transports.realtime_input import InputTurn, split_prompt
-from rill.transports.realtime_response import Dialect, ResponseStream, end_status
-from rill.transports.realtime_state import TRANSITIONS, Move, State
+from rill.transports.realtime.text_input import InputTurn, split_prompt
+from rill.transports.realtime.response import Dialect, ResponseStream, end_status
+from rill.transports.realtime.state import TRANSITIONS, Move, State
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 TURN_DETECTED = StatusDetails("cancelled", "turn_detected")

@@ -18,14 +18,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import trio
 
+from rill.openai.errors import ApiError
 from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.transports.api_keys import bearer_matches
-from rill.transports.realtime import DEFAULT_MAX_MESSAGE_BYTES, RealtimeConnection
-from rill.transports.realtime_events import RealtimeError, encode, error_event
-from rill.transports.realtime_response import Dialect
+from rill.transports.realtime.connection import DEFAULT_MAX_MESSAGE_BYTES, RealtimeConnection
+from rill.transports.realtime.events import RealtimeError, encode, error_event
+from rill.transports.realtime.response import Dialect
 
 log = logging.getLogger("rill.realtime")
 
@@ -93,6 +95,10 @@ class Refusal:
     status: int
     code: str
     message: str
+
+    def body(self) -> bytes:
+        """The OpenAI error body both listeners send with the status."""
+        return msgspec.json.encode(ApiError(self.status, self.message, code=self.code).body)
 
 
 @dataclass(frozen=True)

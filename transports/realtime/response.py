@@ -15,7 +15,7 @@ import msgspec
 
 from rill.openai.tool_parser import ToolCallEvent, ToolCallStreamer, new_call_id
 from rill.outputs import RequestDelta
-from rill.transports.realtime_events import (
+from rill.transports.realtime.events import (
     BetaTextDelta, BetaTextDone, ContentPart, ContentPartAdded, ContentPartDone, ConversationItemCreated,
     ErrorDetail, FunctionCallArgumentsDelta, FunctionCallArgumentsDone, InputTokenDetails, Item, OutputItemAdded,
     OutputItemDone, OutputTextDelta, OutputTextDone, OutputTokenDetails, Response, ResponseCreated, ResponseDone,

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rill.transports.realtime_events import RealtimeError
+from rill.transports.realtime.events import RealtimeError
 
 MODEL_RATE_HZ = 16_000
 SUPPORTED_RATES_HZ = (16_000, 24_000)
