@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import openai
 import pytest
 import torch
@@ -13,7 +14,9 @@ import torch
 from helpers_server import one_torch_thread, realtime_function_call, running_server  # noqa: F401
 from rill.assets import RILL_TINY_DIR
 from rill.engine.sampler import Sampler, SamplingRow
+from rill.openai.chat import tool_dicts
 from rill.openai.forced_prefix import call_start, split_forced_prefix
+from rill.openai.requests import Tool
 from rill.sampling_params import SamplingParams
 from rill.tokenizer import Tokenizer
 from rill.tokenizer.piece_index import PieceIndex
@@ -189,3 +192,13 @@ async def test_realtime_forced_call_on_rill_tiny_has_json_arguments(choice):
     async with running_server(RILL_TINY_DIR) as server:
         call = await realtime_function_call(server, [weather], choice, "What's the weather in Paris?")
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+
+
+def test_the_template_sees_a_strict_tool_as_the_client_sent_it():
+    # The Agents SDK's shape ends in "strict": true; dropping it gave rill-tiny a prompt it was never
+    # trained on (39 more tokens), and it misspelled held-out cities ("Parrs").
+    sent = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather.",
+                                             "parameters": {"type": "object", "properties": {}}, "strict": True}}
+    assert tool_dicts([msgspec.convert(sent, Tool)]) == [sent]
+    del sent["function"]["strict"]
+    assert tool_dicts([msgspec.convert(sent, Tool)]) == [sent]

@@ -172,6 +172,8 @@ def _plain_function(function: FunctionDef) -> dict[str, Any]:
         out["description"] = function.description
     if function.parameters is not None:
         out["parameters"] = function.parameters
+    if function.strict is not None:  # as the client sent it (vLLM's templates see it too): the Agents SDK's
+        out["strict"] = function.strict  # shape ends in it, and rill-tiny was trained on that shape
     return out
 
 
