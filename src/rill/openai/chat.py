@@ -172,8 +172,8 @@ def _plain_function(function: FunctionDef) -> dict[str, Any]:
         out["description"] = function.description
     if function.parameters is not None:
         out["parameters"] = function.parameters
-    if function.strict is not None:  # as the client sent it (vLLM's templates see it too): the Agents SDK's
-        out["strict"] = function.strict  # shape ends in it, and rill-tiny was trained on that shape
+    if function.strict:  # the Agents SDK's shape ends in "strict": true, and rill-tiny was trained on it;
+        out["strict"] = True  # false is the default, left out like the other unset fields (LlamaIndex sends it)
     return out
 
 
