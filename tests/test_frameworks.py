@@ -137,7 +137,11 @@ async def test_langchain_stream_gathers_the_tool_call(forced):
 
 @needs("agents", "frameworks")
 @FORCED
-async def test_openai_agents_chat_completions_model_runs_the_function_tool(forced):
+@pytest.mark.parametrize("model_class", ["OpenAIChatCompletionsModel", "OpenAIResponsesModel"],
+                         ids=["chat_completions", "responses"])
+async def test_openai_agents_runs_the_function_tool(forced, model_class):
+    """On the Chat Completions model, and on the SDK's default model, which speaks the Responses API
+    (POST /v1/responses): the call, the tool's result sent back, and the answer read from it."""
     import agents
     from openai import AsyncOpenAI
 
@@ -147,32 +151,7 @@ async def test_openai_agents_chat_completions_model_runs_the_function_tool(force
             client = AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
             agent = agents.Agent(  # the SDK drops a forced tool_choice after the call (reset_tool_choice)
                 name="Assistant",
-                model=agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
-                model_settings=agents.ModelSettings(temperature=0, tool_choice="get_weather" if forced else None),
-                tools=[agents.function_tool(get_weather), agents.function_tool(get_time)],
-            )
-            return agents.Runner.run_sync(agent, QUESTION, max_turns=3)
-
-        result = await in_thread(run)
-    assert get_weather.cities == ["Paris"]
-    assert states_result(result.final_output)
-
-
-@needs("agents", "frameworks")
-@FORCED
-async def test_openai_agents_default_responses_model_runs_the_function_tool(forced):
-    """The Agents SDK's default model speaks the Responses API (POST /v1/responses): the function_call
-    item, the tool's function_call_output sent back, and the answer read from it."""
-    import agents
-    from openai import AsyncOpenAI
-
-    async with serve() as server:
-        def run():
-            agents.set_tracing_disabled(True)
-            client = AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
-            agent = agents.Agent(
-                name="Assistant",
-                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+                model=getattr(agents, model_class)(model=MODEL, openai_client=client),
                 model_settings=agents.ModelSettings(temperature=0, tool_choice="get_weather" if forced else None),
                 tools=[agents.function_tool(get_weather), agents.function_tool(get_time)],
             )
