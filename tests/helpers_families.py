@@ -1,5 +1,4 @@
-"""Random-weight Phi-3, Mixtral and Qwen3-MoE models built with transformers (the oracle), and the
-two ways the parity tests read logits: rill's decoder in one engine-shaped step, transformers' forward."""
+"""Random-weight Phi-3, Mixtral and Qwen3-MoE models built with transformers (the oracle)."""
 
 from __future__ import annotations
 
@@ -7,10 +6,7 @@ from pathlib import Path
 
 import torch
 
-from helpers_models import CHATML
-from helpers_tokenizers import byte_level_bpe, qwen_config, save_dir
-from rill.models.attention import AttentionMetadata
-from rill.models.loader import load
+from helpers_models import save_random_model
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256, initializer_range=0.2, eos_token_id=None, bos_token_id=None,
@@ -46,45 +42,4 @@ def family_config(kind: str, vocab_size: int):
 
 def make_family_dir(path: Path, kind: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
     """Save a random model of `kind` with a ByteLevel BPE tokenizer and a ChatML template."""
-    from transformers import AutoModelForCausalLM
-
-    backend = byte_level_bpe()
-    save_dir(path, backend, qwen_config(chat_template=CHATML))
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(family_config(kind, backend.get_vocab_size()), dtype=dtype).save_pretrained(path)
-    return path
-
-
-def rill_logits(model_dir: Path, ids: list[int], dtype: str | None = None) -> torch.Tensor:
-    """rill's decoder over `ids` as one prefill step of one sequence (paged cache, block size 16)."""
-    return rill_forward(load(model_dir, dtype=dtype)[3], ids)
-
-
-def rill_forward(model, ids: list[int]) -> torch.Tensor:
-    cfg = model.config
-    num_blocks = -(-len(ids) // 16)
-    shape = (num_blocks, 16, cfg.num_kv_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape, dtype=cfg.dtype), torch.zeros(shape, dtype=cfg.dtype)) for _ in range(cfg.num_layers)]
-    n = len(ids)
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n), block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        max_query_len=n,
-    )
-    with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), kv, meta))
-
-
-def hf_logits(model_dir: Path, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return hf_forward(hf_model(model_dir, dtype), ids)
-
-
-def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-
-
-def hf_forward(model, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
+    return save_random_model(path, lambda vocab_size: family_config(kind, vocab_size), dtype, seed)

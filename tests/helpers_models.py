@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from helpers_tokenizers import byte_level_bpe, qwen_config, save_dir
+from rill.models.attention import AttentionMetadata
+from rill.models.loader import load
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -64,17 +66,63 @@ def spread_norm_weights(model) -> None:
 def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch.float32, seed: int = 0,
                    **overrides) -> Path:
     """Save a random model of `arch` with a ByteLevel BPE tokenizer and a ChatML template."""
+    prepare = spread_norm_weights if arch.startswith("gemma") else None
+    return save_random_model(path, lambda vocab_size: _config(arch, vocab_size, **overrides), dtype, seed, prepare)
+
+
+def save_random_model(path: Path, make_config, dtype: torch.dtype = torch.float32, seed: int = 0,
+                      prepare=None) -> Path:
+    """Save a random model (make_config(vocab_size) -> a transformers config) with a ByteLevel BPE
+    tokenizer and a ChatML template; prepare(model), if given, adjusts the weights first."""
     from transformers import AutoModelForCausalLM
 
     backend = byte_level_bpe()
     save_dir(path, backend, qwen_config(chat_template=CHATML))
-    cfg = _config(arch, backend.get_vocab_size(), **overrides)
+    cfg = make_config(backend.get_vocab_size())
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    if arch.startswith("gemma"):
-        spread_norm_weights(model)
+    if prepare is not None:
+        prepare(model)
     model.save_pretrained(path)
     return path
+
+
+# -- the two ways the parity tests read logits: rill's decoder in one engine-shaped step, transformers' forward
+
+
+def rill_logits(model_dir: Path, ids: list[int], dtype: str | None = None) -> torch.Tensor:
+    """rill's decoder over `ids` as one prefill step of one sequence (paged cache, block size 16)."""
+    return rill_forward(load(model_dir, dtype=dtype)[3], ids)
+
+
+def rill_forward(model, ids: list[int]) -> torch.Tensor:
+    cfg = model.config
+    num_blocks = -(-len(ids) // 16)
+    shape = (num_blocks, 16, cfg.num_kv_heads, cfg.head_dim)
+    kv = [(torch.zeros(shape, dtype=cfg.dtype), torch.zeros(shape, dtype=cfg.dtype)) for _ in range(cfg.num_layers)]
+    n = len(ids)
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n), block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        max_query_len=n,
+    )
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), kv, meta))
+
+
+def hf_logits(model_dir: Path, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return hf_forward(hf_model(model_dir, dtype), ids)
+
+
+def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+
+
+def hf_forward(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
 
 
 def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.float32) -> list[int]:

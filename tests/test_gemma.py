@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_models import gemma_kinds, make_model_dir, spread_norm_weights
+from helpers_models import gemma_kinds, make_model_dir, rill_logits, spread_norm_weights
 from helpers_tokenizers import byte_fallback_bpe, hf_tokenizer, llama_config, save_dir
 from safetensors.torch import load_file, save_file
-from test_model_parity import rill_logits
 
 from rill.errors import ChatTemplateError, ModelLoadError
 from rill.models.config import load_model_config

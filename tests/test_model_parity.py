@@ -9,9 +9,8 @@ within 0.05 (measured up to 0.019).
 import pytest
 import torch
 
-from helpers_models import hf_greedy, make_model_dir
+from helpers_models import hf_greedy, hf_logits, make_model_dir, rill_logits
 from rill import LLM, SamplingParams
-from rill.models.attention import AttentionMetadata
 from rill.models.loader import load
 
 ARCHS = ["llama", "llama3-rope", "llama-linear-rope", "mistral", "qwen2", "qwen3"]
@@ -27,28 +26,6 @@ PROMPTS = [
 @pytest.fixture(scope="module", params=ARCHS)
 def model_dir(request, tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def rill_logits(model_dir, ids, dtype=None):
-    _, cfg, _, model = load(model_dir, dtype=dtype)
-    shape = (8, 16, cfg.num_kv_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape, dtype=cfg.dtype), torch.zeros(shape, dtype=cfg.dtype)) for _ in range(cfg.num_layers)]
-    n = len(ids)
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n), block_tables=torch.arange(8, dtype=torch.int32)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        max_query_len=n,
-    )
-    with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), kv, meta))
-
-
-def hf_logits(model_dir, ids, dtype=torch.float32):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
 
 
 def test_logits_match_transformers_float32(model_dir):

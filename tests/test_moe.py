@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from helpers_families import hf_forward, hf_logits, hf_model, make_family_dir, rill_forward, rill_logits
-from helpers_models import hf_greedy
+from helpers_families import make_family_dir
+from helpers_models import hf_forward, hf_greedy, hf_logits, hf_model, rill_forward, rill_logits
 from rill import LLM, SamplingParams
 from rill.errors import ModelLoadError
 from rill.models.config import load_model_config

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers_families import LONGROPE, LONGROPE_ORIGINAL, hf_logits, hf_model, make_family_dir, rill_logits
-from helpers_models import hf_greedy
+from helpers_families import LONGROPE, LONGROPE_ORIGINAL, make_family_dir
+from helpers_models import hf_greedy, hf_logits, hf_model, rill_logits
 from rill import LLM, SamplingParams
 from rill.errors import ModelLoadError
 from rill.models.config import load_model_config
