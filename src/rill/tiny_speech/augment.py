@@ -17,10 +17,12 @@ MAX_OFFSET_S = 0.4
 CLEAN_SHARE = 0.15  # presentations with no noise and no filter at all
 
 
-def augment(audio: np.ndarray, rng: np.random.Generator, window_samples: int) -> np.ndarray:
-    """One presentation of `audio` (float32, 16 kHz), no longer than `window_samples`."""
+def augment(audio: np.ndarray, rng: np.random.Generator, window_samples: int,
+            clean_share: float = CLEAN_SHARE) -> np.ndarray:
+    """One presentation of `audio` (float32, 16 kHz), no longer than `window_samples`; a
+    `clean_share` of presentations get no filter and no noise."""
     audio = _offset(audio, rng, window_samples)
-    if rng.random() >= CLEAN_SHARE:
+    if rng.random() >= clean_share:
         audio = _filter(audio, rng)
         audio = _add_noise(audio, rng)
     audio = audio * np.float32(10 ** (rng.uniform(*GAIN_DB) / 20))
@@ -38,7 +40,8 @@ def _filter(audio: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     a high-pass (small speakers), and a spectral tilt, each drawn independently."""
     if len(audio) == 0:
         return audio
-    freqs = np.fft.rfftfreq(len(audio), 1 / SAMPLE_RATE)
+    n_fft = 1 << (len(audio) - 1).bit_length()  # a power of two: numpy's FFT is slow at odd lengths
+    freqs = np.fft.rfftfreq(n_fft, 1 / SAMPLE_RATE)
     response = np.ones_like(freqs)
     if rng.random() < 0.5:
         cutoff = rng.uniform(2500, 7500)
@@ -48,7 +51,7 @@ def _filter(audio: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         response *= 1 / np.sqrt(1 + (cutoff / np.maximum(freqs, 1.0)) ** 2)
     tilt_db_per_octave = rng.uniform(-3, 3)
     response *= (np.maximum(freqs, 100.0) / 1000.0) ** (tilt_db_per_octave / 6.02)
-    return np.fft.irfft(np.fft.rfft(audio) * response, n=len(audio)).astype(np.float32)
+    return np.fft.irfft(np.fft.rfft(audio, n=n_fft) * response, n=n_fft)[: len(audio)].astype(np.float32)
 
 
 def _add_noise(audio: np.ndarray, rng: np.random.Generator) -> np.ndarray:

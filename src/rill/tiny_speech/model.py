@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor
 
+from rill.speech.features import FeatureConfig
 from rill.tiny_speech import tokenizer as tok
 
 SAMPLE_RATE = 16_000
-HOP_LENGTH = 160
+HOP_LENGTH = 320  # 20 ms frames, 40 ms encoder positions: twice Whisper's hop (see Shape)
 N_FFT = 400
 NUM_MEL_BINS = 80
 
@@ -23,6 +24,11 @@ NUM_MEL_BINS = 80
 @dataclass(frozen=True)
 class Shape:
     window_s: int = 5  # the longest held-out question at the slowest rate is about 4.5 s
+    # Whisper's 10 ms hop gives 50 encoder positions a second; espeak-ng's fastest rate says about
+    # 15 phones a second, so 25 positions (a 20 ms hop) still give each phone two, and halve the
+    # encoder's cost (Whisper pads every input to the window). preprocessor_config.json carries the
+    # hop, so transformers' WhisperFeatureExtractor and rill's LogMel read it alike.
+    hop_length: int = HOP_LENGTH
     d_model: int = 192
     encoder_layers: int = 3
     decoder_layers: int = 3
@@ -35,7 +41,7 @@ class Shape:
 
     @property
     def num_frames(self) -> int:
-        return self.n_samples // HOP_LENGTH
+        return self.n_samples // self.hop_length
 
     @property
     def max_source_positions(self) -> int:
@@ -78,9 +84,15 @@ def generation_config(ids: dict[str, int]) -> GenerationConfig:
 
 
 def feature_extractor(shape: Shape) -> WhisperFeatureExtractor:
-    return WhisperFeatureExtractor(feature_size=NUM_MEL_BINS, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH,
+    return WhisperFeatureExtractor(feature_size=NUM_MEL_BINS, sampling_rate=SAMPLE_RATE, hop_length=shape.hop_length,
                                    chunk_length=shape.window_s, n_fft=N_FFT, padding_value=0.0,
                                    return_attention_mask=False)
+
+
+def feature_config(shape: Shape) -> FeatureConfig:
+    """rill's LogMel settings for the same features (the recipe computes them in torch)."""
+    return FeatureConfig(feature_size=NUM_MEL_BINS, sampling_rate=SAMPLE_RATE, hop_length=shape.hop_length, n_fft=N_FFT,
+                         chunk_length=shape.window_s, n_samples=shape.n_samples, nb_max_frames=shape.num_frames)
 
 
 def prompt_ids(ids: dict[str, int]) -> list[int]:

@@ -28,12 +28,14 @@ from tqdm import tqdm
 from transformers import WhisperForConditionalGeneration
 
 from rill.tiny import splits
+from rill.speech.features import LogMel
 from rill.tiny.train import resolve_precision
 from rill.tiny_speech import augment, dataset, transcripts
 from rill.tiny_speech import model as shapes
 from rill.tiny_speech import tokenizer as tok
 
 TOKENIZER_SAMPLE = 20_000  # training transcripts the BPE merges are learned from
+SPEC_TIME_MASK_S = 0.12
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,7 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="bf16: float32 weights, bfloat16 autocast; auto: bf16 on CUDA and AVX-512 CPUs (as rill train-tiny)")
     p.add_argument("--cache-dir", type=Path, default=dataset.DEFAULT_CACHE, help="where synthesised clips are kept")
+    p.add_argument("--clean-start", type=float, default=0.6, help="share of clean presentations at step 0, "
+                   "falling linearly to the recipe's share over the first quarter of the steps (clean first)")
     p.add_argument("--window-s", type=int, default=shapes.Shape.window_s)
+    p.add_argument("--hop-length", type=int, default=shapes.Shape.hop_length, help="feature hop in samples")
     p.add_argument("--d-model", type=int, default=shapes.Shape.d_model)
     p.add_argument("--encoder-layers", type=int, default=shapes.Shape.encoder_layers)
     p.add_argument("--decoder-layers", type=int, default=shapes.Shape.decoder_layers)
@@ -64,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def shape_of(args: argparse.Namespace) -> shapes.Shape:
-    return shapes.Shape(window_s=args.window_s, d_model=args.d_model, encoder_layers=args.encoder_layers,
+    return shapes.Shape(window_s=args.window_s, hop_length=args.hop_length, d_model=args.d_model, encoder_layers=args.encoder_layers,
                         decoder_layers=args.decoder_layers)
 
 
@@ -98,7 +103,7 @@ class Batches:
 
     def __init__(self, clips: dataset.Clips, targets: list[list[int]], args, shape: shapes.Shape, pad_id: int) -> None:
         self.clips, self.targets, self.args, self.shape, self.pad_id = clips, targets, args, shape, pad_id
-        self.extractor = shapes.feature_extractor(shape)
+        self.log_mel = LogMel(shapes.feature_config(shape))
         order = np.random.default_rng(args.seed).permutation
         epochs = (order(len(clips)) for _ in itertools.count())
         self.indices = itertools.chain.from_iterable(epochs)
@@ -106,15 +111,13 @@ class Batches:
     def next(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         index = list(itertools.islice(self.indices, self.args.batch_size))
         rng = np.random.default_rng([self.args.seed, step])
-        audios = [augment.augment(self.clips.audio(i), rng, self.shape.n_samples) for i in index]
-        features = self.features(audios)
+        clean = clean_share(step, self.args)
+        audios = [augment.augment(self.clips.audio(i), rng, self.shape.n_samples, clean) for i in index]
+        features = self.log_mel.batch(audios).clone()  # [B, 80, num_frames], as WhisperFeatureExtractor's
         if self.args.spec_augment:
-            features = spec_augment(features, rng, self.args.spec_augment)
+            max_mask = int(SPEC_TIME_MASK_S * shapes.SAMPLE_RATE / self.shape.hop_length)
+            features = spec_augment(features, rng, self.args.spec_augment, max_mask)
         return features, *self.pad([self.targets[i] for i in index])
-
-    def features(self, audios: list[np.ndarray]) -> torch.Tensor:
-        out = self.extractor(audios, sampling_rate=shapes.SAMPLE_RATE, padding="max_length", return_tensors="pt")
-        return out.input_features  # [B, 80, num_frames]
 
     def pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(map(len, rows))
@@ -126,14 +129,21 @@ class Batches:
         return tokens[:, :-1], labels
 
 
-def spec_augment(features: torch.Tensor, rng: np.random.Generator, share: float) -> torch.Tensor:
-    """SpecAugment-lite: one time mask (up to 0.12 s: shorter than a spoken digit, which the
-    transcript must still name) and one band of up to 8 mel bins, at the features' floor value,
-    on a `share` of the clips."""
+def clean_share(step: int, args: argparse.Namespace) -> float:
+    """Clean first: presentations without noise or filter fall from --clean-start to the recipe's
+    share over the first quarter of training, so the model first hears the words, then the room."""
+    ramp = min(1.0, step / max(1, args.steps // 4))
+    return args.clean_start + (augment.CLEAN_SHARE - args.clean_start) * ramp
+
+
+def spec_augment(features: torch.Tensor, rng: np.random.Generator, share: float, max_time_mask: int) -> torch.Tensor:
+    """SpecAugment-lite: one time mask of up to `max_time_mask` frames (SPEC_TIME_MASK_S: shorter than
+    a spoken digit, which the transcript must still name) and one band of up to 8 mel bins, at the
+    features' floor value, on a `share` of the clips."""
     features = features.clone()
     _, bins, frames = features.shape
     for row in np.flatnonzero(rng.random(len(features)) < share):
-        t0, t = int(rng.integers(0, frames)), int(rng.integers(0, 13))
+        t0, t = int(rng.integers(0, frames)), int(rng.integers(0, max_time_mask + 1))
         f0, f = int(rng.integers(0, bins)), int(rng.integers(0, 8))
         floor = features[row].min()
         features[row, :, t0 : t0 + t] = floor
