@@ -29,6 +29,7 @@ from werkzeug.exceptions import HTTPException
 
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
+from rill.media.policy import MediaPolicy
 from rill.openai import sse
 from rill.openai.chat import complete_chat, message_dict, prepare_chat, stream_chat, tool_dicts
 from rill.openai.completions import complete, prepare_completion, stream_completion
@@ -78,6 +79,7 @@ class ServerConfig:
     streaming_input: StreamingInputConfig = field(default_factory=StreamingInputConfig)  # Mode A and B
     max_audio_bytes: int = 25 * 1000 * 1000  # /v1/audio/transcriptions' file limit, OpenAI's 25 MB
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)  # stored and background responses
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # image/video sources and limits (rill.media)
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -100,6 +102,7 @@ class ServerConfig:
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
             max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
             responses=ResponsesConfig.from_env(),
+            media=MediaPolicy.from_env(),
         )
 
     def serving_options(self) -> ServingOptions:

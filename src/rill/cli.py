@@ -66,6 +66,7 @@ def _cmd_generate(args) -> int:
 def _cmd_serve(args) -> int:
     import logging
 
+    from rill.media import policy as media_policy
     from rill.openai.responses_api import config as responses_config
     from rill.server import run
     from rill.sessions import config as streaming_input_config
@@ -84,11 +85,13 @@ def _cmd_serve(args) -> int:
         keep_alive_timeout_s=args.keep_alive_timeout_s, body_timeout_s=args.body_timeout_s,
         max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s,
         max_audio_bytes=args.max_audio_bytes, responses=responses_config.from_args(args),
+        media=media_policy.from_args(args),
     )
     return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
+    from rill.media.policy import add_arguments as add_media_args
     from rill.openai.responses_api.config import add_arguments as add_responses_args
     from rill.sessions.config import add_arguments as add_streaming_input_args
     from rill.transports.realtime.driver import add_realtime_args
@@ -96,6 +99,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_streaming_input_args(p)
     add_realtime_args(p)
     add_responses_args(p)
+    add_media_args(p)
     p.add_argument("model", nargs="?", default=_env("MODEL", "rill-tiny"),
                    help="rill-tiny (default) or a local Hugging Face model directory")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
