@@ -31,6 +31,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     chat_template: str | None = None  # template text overriding the tokenizer's
     seed: int = 0
+    # vision models (engine/vision_step.py): embeddings the vision encoder may produce per step (None:
+    # max_num_batched_tokens), and how many the encoder cache keeps (None: four steps' worth)
+    max_num_encoder_tokens: int | None = None
+    encoder_cache_tokens: int | None = None
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):

@@ -121,6 +121,9 @@ class BlockManager:
         while len(hashes) < i:  # earlier blocks first (callers go in order, so rarely any)
             self._block_hash(seq, len(hashes))
         tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+        if seq.mm_items:  # placeholders look alike: the block's key names the images in it, by content
+            tokens += tuple((it.content_hash, it.offset - i * bs) for it in seq.mm_items
+                            if it.offset < (i + 1) * bs and it.end > i * bs)
         if len(hashes) == i:
             hashes.append(chain_hash(hashes[-1] if i else None, tokens))
         return hashes[i], tokens

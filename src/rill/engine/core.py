@@ -18,8 +18,10 @@ from rill.engine.sampler import SampledToken, Sampler, make_generator
 from rill.engine.scheduler import ScheduledBatch, Scheduler
 from rill.engine.sequence import FinishReason, Sequence
 from rill.engine.stats import EngineStats
+from rill.engine.vision_step import start_vision
 from rill.errors import ValidationError
 from rill.models.loader import load
+from rill.multimodal.mrope import MRopeLayout
 from rill.outputs import RequestDelta, TokenLogprob
 from rill.sampling_params import SamplingParams
 from rill.tokenizer import Detokenizer, Tokenizer
@@ -44,6 +46,9 @@ class EngineCore:
         self.eos_token_ids = frozenset(eos)
         sampler = Sampler(self.eos_token_ids, cfg.vocab_size, piece_index(self.tokenizer))
         self.runner = ModelRunner(model, num_blocks, config.block_size, sampler, self.kv_layout)
+        self.mm_inputs = None  # the image and video processor of a model with a vision tower (rill.multimodal)
+        if cfg.vision is not None:
+            self.mm_inputs, self.scheduler.vision = start_vision(self.model_dir, cfg, model, config)
         self.requests: dict[str, list[Sequence]] = {}
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
@@ -100,9 +105,11 @@ class EngineCore:
             )
         return budget
 
-    def _new_sequences(self, request_id, prompt_token_ids, params, max_tokens, **session) -> list[Sequence]:
+    def _new_sequences(self, request_id, prompt_token_ids, params, max_tokens, mm_items=(), **session,
+                       ) -> list[Sequence]:
         if request_id in self.requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
+        layout = self._mm_layout(prompt_token_ids, mm_items)
         seqs = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
@@ -115,8 +122,23 @@ class EngineCore:
                     matcher=None if params.grammar is None else params.grammar.new_matcher(),
                 )
             )
+            seqs[-1].mm_items, seqs[-1].mrope = tuple(mm_items), layout
         self.requests[request_id] = seqs
         return seqs
+
+    def _mm_layout(self, prompt_token_ids: list[int], mm_items) -> MRopeLayout | None:
+        """Check a prompt's images and videos (expanded by self.mm_inputs); their M-RoPE layout."""
+        if not mm_items:
+            return None
+        if self.mm_inputs is None:
+            raise ValidationError("this model reads text only: images and videos are not supported",
+                                  param="multi_modal_data", code="unsupported")
+        for item in mm_items:
+            if item.end > len(prompt_token_ids) or any(
+                    t != self.mm_inputs.placeholder(item.kind) for t in prompt_token_ids[item.offset : item.end]):
+                raise ValidationError(f"a {item.kind}'s placeholders are not at prompt[{item.offset}:{item.end}]",
+                                      param="multi_modal_data")
+        return MRopeLayout(len(prompt_token_ids), list(mm_items), self.model_config.vision.merge_size)
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Detokenizer:
         return Detokenizer(
@@ -127,9 +149,11 @@ class EngineCore:
             include_stop_str_in_output=params.include_stop_str_in_output,
         )
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    mm_items=()) -> None:
+        """mm_items: the prompt's images and videos, placed (rill.multimodal: expand placeholders first)."""
         max_tokens = self.check_fits(len(prompt_token_ids), params.max_tokens)
-        for seq in self._new_sequences(request_id, list(prompt_token_ids), params, max_tokens):
+        for seq in self._new_sequences(request_id, list(prompt_token_ids), params, max_tokens, mm_items):
             self.scheduler.add(seq)
             if seq.prompt_logprobs is not None:
                 self._owed_prompt_logprobs.add(seq)
@@ -139,7 +163,7 @@ class EngineCore:
 
     def open_session(
         self, request_id: str, params: SamplingParams, *, start_after_tokens: int | None = 1,
-        respond_per_chunk: bool = False, prompt_token_ids: list[int] = (),
+        respond_per_chunk: bool = False, prompt_token_ids: list[int] = (), mm_items=(),
     ) -> None:
         """A request whose prompt arrives in chunks. It joins the scheduler once it holds
         start_after_tokens tokens (None: only at end of input); until then it costs nothing."""
@@ -149,7 +173,7 @@ class EngineCore:
             raise ValidationError("prompt logprobs need the whole prompt: streamed input does not support them",
                                   param="prompt_logprobs", code="unsupported")
         (seq,) = self._new_sequences(
-            request_id, list(prompt_token_ids), params, params.max_tokens or self.max_model_len,
+            request_id, list(prompt_token_ids), params, params.max_tokens or self.max_model_len, mm_items,
             input_open=True, respond_per_chunk=respond_per_chunk, start_after_tokens=start_after_tokens,
         )
         self.sessions[request_id] = seq
@@ -232,12 +256,16 @@ class EngineCore:
         self.stats.num_preemptions += batch.num_preempted
         if batch.is_empty:
             return pending
+        if batch.has_mm:
+            batch.mm = self.scheduler.vision.prepare(batch)  # runs the vision encoder for the step's images
         sampling = batch.sampling
         if self._owed_prompt_logprobs:
             sampled, scored = self._execute_scoring_prompts(batch, sampling)
         else:
             sampled, scored = self.runner.execute(batch, sampling), None
         self._advance(batch)
+        if batch.has_mm:
+            self.scheduler.vision.after_step(batch)
         now = time.monotonic()  # one clock read for the step's tokens
         on_token = self._on_token
         deltas = [on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]

@@ -107,7 +107,7 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, sampling: list[Sequence]) -> list[SampledToken]:
         """Run one step; return a sampled token for each sequence in `sampling` (a subset of batch)."""
         ids, pos, meta, starts = self._prepare(batch)
-        hidden = self.model(ids, pos, self.kv_caches, meta)
+        hidden = self._forward(batch, ids, pos, meta)
         return self._sample(hidden, starts, batch, sampling)
 
     @torch.inference_mode()
@@ -116,9 +116,15 @@ class ModelRunner:
         """`execute`, plus the logprobs of each span's prompt tokens (prompt_logprobs.prompt_spans).
         A separate entry point, so that steps without such requests pay nothing for it."""
         ids, pos, meta, starts = self._prepare(batch)
-        hidden = self.model(ids, pos, self.kv_caches, meta)
+        hidden = self._forward(batch, ids, pos, meta)
         scored = [self._score(hidden[span.rows], span.target_ids, span.seq.params.prompt_logprobs) for span in spans]
         return self._sample(hidden, starts, batch, sampling), scored
+
+    def _forward(self, batch: ScheduledBatch, ids, pos, meta) -> torch.Tensor:
+        if batch.mm is None:
+            return self.model(ids, pos, self.kv_caches, meta)
+        # a step with images: M-RoPE positions [3, T] and the encoder's rows (engine/vision_step.py)
+        return self.model(ids, batch.mm.positions, self.kv_caches, meta, mm_embeds=batch.mm.embeds)
 
     def _score(self, hidden: torch.Tensor, target_ids: list[int], num_top: int) -> list[TokenLogprob]:
         out = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from rill.engine.block_manager import BlockManager
 from rill.engine.sequence import Sequence, Status
@@ -25,6 +26,8 @@ class ScheduledBatch:
     num_computed: list[int] = field(default_factory=list)  # each seq's num_computed_tokens before the step
     sampling: list[Sequence] = field(default_factory=list)  # the seqs that sample a token, in batch order
     num_preempted: int = 0
+    has_mm: bool = False  # a sequence with images is in the step (engine/vision_step.py)
+    mm: Any = None  # its VisionInputs, once prepared
 
     def add(self, seq: Sequence, num_new: int) -> None:
         computed = seq.num_computed_tokens
@@ -48,6 +51,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []  # idle sessions preempted under pressure, back on new input
         self.num_preemptions = 0
+        self.vision = None  # engine/vision_step.VisionStep for a model that reads images
 
     @property
     def num_unfinished(self) -> int:
@@ -58,6 +62,8 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its blocks."""
+        if seq.mm_items:
+            self.vision.release(seq)
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self.block_manager.free(seq)
@@ -70,6 +76,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        if self.vision is not None:
+            self.vision.begin()
         running_status, bs = Status.RUNNING, self.block_manager.block_size
         seqs, counts, computed_before, sampling = batch.seqs, batch.num_new_tokens, batch.num_computed, batch.sampling
         # This loop runs for every running sequence on every step, so ScheduledBatch.add is inline
@@ -83,6 +91,8 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if seq.input_open:
                 num_new = min(seq.num_pending_tokens, budget)
+                if num_new and seq.mm_items:
+                    num_new = self._clip_for_vision(seq, num_new, batch)
                 if num_new and self._fit(seq, num_new, batch):
                     batch.add(seq, num_new)
                     budget -= num_new
@@ -94,6 +104,12 @@ class Scheduler:
             samples = num_new <= budget  # the chunk reaches the end of the known tokens
             if not samples:
                 num_new = budget
+            if seq.mm_items:
+                clipped = self._clip_for_vision(seq, num_new, batch)
+                if clipped < num_new:
+                    num_new, samples = clipped, False
+                if not num_new:
+                    continue
             if (computed + num_new + bs - 1) // bs > len(seq.block_table):  # every group's table is as long
                 fit = self._fit(seq, num_new, batch)
                 if fit < num_new:
@@ -108,6 +124,11 @@ class Scheduler:
             budget -= num_new
         self._admit(batch, budget)
         return batch
+
+    def _clip_for_vision(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> int:
+        """The encoder budget's cut of seq's next chunk (engine/vision_step.py)."""
+        batch.has_mm = True
+        return self.vision.clip(seq, seq.num_computed_tokens, num_new)
 
     def _fit(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> int:
         """Make room for seq's next num_new tokens and take the blocks; return how many fit."""
@@ -143,6 +164,8 @@ class Scheduler:
         idle = seq.is_idle
         self.running.remove(seq)
         self.block_manager.free(seq)
+        if seq.mm_items:
+            self.vision.release(seq)
         seq.reset_for_recompute()
         if idle:
             self.parked.append(seq)
@@ -175,6 +198,8 @@ class Scheduler:
             hit = 0 if seq.prompt_logprobs is not None else bm.match_prefix(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = hit  # a sliding group shares only its window
             num_new = min(seq.num_pending_tokens, budget)
+            if num_new and seq.mm_items:
+                num_new = self._clip_for_vision(seq, num_new, batch)
             while not bm.can_append(seq, num_new) and self._preempt_an_idle_session():
                 batch.num_preempted += 1
             if not bm.can_append(seq, num_new) and not self.running:

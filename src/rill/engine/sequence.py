@@ -69,6 +69,10 @@ class Sequence:
         self.detokenizer = detokenizer
         self.generator = generator
         self.matcher = matcher  # params.grammar's llguidance matcher, advanced per committed token
+        # Images and videos in the prompt (rill.multimodal.inputs.MultiModalItem, by offset), and their
+        # M-RoPE layout (rill.multimodal.mrope) where the model uses one; set by the engine core.
+        self.mm_items: tuple = ()
+        self.mrope = None
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None

@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,6 +68,9 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     moe: MoeConfig | None = None
+    # Qwen2-VL / Qwen2.5-VL (models/qwen2_vl_config.py): M-RoPE's frequency sections, the vision tower
+    mrope_section: tuple[int, ...] | None = None
+    vision: Any = None  # models.qwen2_vl_vision.VisionConfig
 
     @property
     def sliding_window(self) -> int | None:
@@ -189,6 +193,9 @@ def _eos_ids(cfg: dict, generation: dict) -> tuple[int, ...]:
 # Gemma 2 and 3 read fields and defaults of their own (gemma_config.py, which imports this module).
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 SUPPORTED_ARCHITECTURES += GEMMA_ARCHITECTURES
+# Qwen2-VL and Qwen2.5-VL read a text config and a vision config (qwen2_vl_config.py).
+QWEN2_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+SUPPORTED_ARCHITECTURES += QWEN2_VL_ARCHITECTURES
 
 
 def load_model_config(model_dir: Path, generation: dict | None = None, dtype: str | None = None) -> ModelConfig:
@@ -209,6 +216,15 @@ def load_model_config(model_dir: Path, generation: dict | None = None, dtype: st
         from rill.models.gemma_config import load_gemma_config
 
         return load_gemma_config(cfg, arch, file, generation or {}, dtype)
+    if arch in QWEN2_VL_ARCHITECTURES:
+        from rill.models.qwen2_vl_config import load_qwen2_vl_config
+
+        return load_qwen2_vl_config(cfg, arch, file, generation or {}, dtype)
+    return config_from_dict(cfg, arch, file, generation, dtype)
+
+
+def config_from_dict(cfg: dict, arch: str, file: Path, generation: dict | None, dtype: str | None) -> ModelConfig:
+    """A Llama-family decoder's ModelConfig from config.json's fields (arch: which family reads them)."""
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ModelLoadError(f"{file}: hidden_act {act!r} is not supported (only silu)")

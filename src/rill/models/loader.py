@@ -84,9 +84,19 @@ def _text_prefix(ckpt: _Checkpoint) -> str:
     return next((p for p in _TEXT_PREFIXES if f"{p}embed_tokens.weight" in ckpt), "model.")
 
 
+def _prefix(name: str, text_prefix: str) -> str:
+    """Where a parameter's checkpoint name starts: lm_head at the top; Qwen2-VL's vision tower at the
+    top ("visual.") beside "model.", or under "model." where the decoder is "model.language_model."."""
+    if name.startswith("lm_head"):
+        return ""
+    if name.startswith("visual."):
+        return "model." if text_prefix == "model.language_model." else ""
+    return text_prefix
+
+
 def _hf_sources(name: str, text_prefix: str = "model.") -> list[str]:
     """Our parameter name -> the Hugging Face tensor names that fill it."""
-    prefix = "" if name.startswith("lm_head") else text_prefix
+    prefix = _prefix(name, text_prefix)
     for fused, parts in _FUSED.items():
         if f".{fused}." in f".{name}":
             return [prefix + name.replace(fused, part) for part in parts]
@@ -105,7 +115,7 @@ def _part_rows(name: str, cfg: ModelConfig) -> list[int] | None:
 
 def _checkpoint_parts(name: str, rows: int, ckpt: _Checkpoint, cfg: ModelConfig, text_prefix: str):
     """(checkpoint tensor, its rows) in the order their concatenation fills our parameter `name`."""
-    own = ("" if name.startswith("lm_head") else text_prefix) + name
+    own = _prefix(name, text_prefix) + name
     if own in ckpt:  # stored as rill stores it: Phi-3 ships qkv_proj and gate_up_proj fused
         return [(own, rows)]
     experts = expert_checkpoint_names(name, cfg)  # Mixtral, Qwen3-MoE: one tensor per expert
@@ -141,6 +151,10 @@ def _model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
         return Phi3CausalLM
     if cfg.moe is not None:
         return MoeCausalLM
+    if cfg.vision is not None:
+        from rill.models.qwen2_vl import Qwen2VLModel
+
+        return Qwen2VLModel
     return CausalLM
 
 
