@@ -31,7 +31,8 @@ from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.media.policy import MediaPolicy
 from rill.openai import sse
-from rill.openai.chat import complete_chat, message_dict, prepare_chat, stream_chat, tool_dicts
+from rill.openai.chat import complete_chat, load_chat_media, message_dict, prepare_chat, stream_chat, tool_dicts
+from rill.openai.chat_media import load_media, parse_limits
 from rill.openai.completions import complete, prepare_completion, stream_completion
 from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
@@ -80,6 +81,7 @@ class ServerConfig:
     max_audio_bytes: int = 25 * 1000 * 1000  # /v1/audio/transcriptions' file limit, OpenAI's 25 MB
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)  # stored and background responses
     media: MediaPolicy = field(default_factory=MediaPolicy)  # image/video sources and limits (rill.media)
+    limit_mm_per_prompt: dict[str, int] | None = None  # images, videos per prompt (None: chat_media's defaults)
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -103,11 +105,12 @@ class ServerConfig:
             max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
             responses=ResponsesConfig.from_env(),
             media=MediaPolicy.from_env(),
+            limit_mm_per_prompt=parse_limits(env("RILL_LIMIT_MM_PER_PROMPT", "")),
         )
 
     def serving_options(self) -> ServingOptions:
         return ServingOptions(self.served_model_names, self.tool_call_parser, self.reasoning_parser,
-                              self.max_waiting)
+                              self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""))
 
 
 def _parser_option(value: str) -> str | None:
@@ -265,6 +268,8 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
     trace = serving.new_trace(endpoint, prefix)
     try:
         job = prepare(serving, trace, await request.get_data())
+        if getattr(job, "media", None) is not None:
+            await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here
         if job.request.stream:
             return _sse(stream(serving, job))
         result = await answer(serving, job)
@@ -352,22 +357,27 @@ async def tokenize() -> Response:
     try:
         req = decode_body(await request.get_data(), TokenizeRequest)
         serving.check_model(req.model)
-        ids = _tokenize(serving, req)
+        ids = await _tokenize(serving, req)
     except Exception as exc:  # noqa: BLE001
         return _error(_as_api_error(exc))
     return _json(TokenizeResponse(ids, len(ids), serving.max_model_len))
 
 
-def _tokenize(serving: Serving, req: TokenizeRequest) -> list[int]:
+async def _tokenize(serving: Serving, req: TokenizeRequest) -> list[int]:
     if (req.prompt is None) == (req.messages is None):
         raise ApiError(400, "send exactly one of prompt and messages", param="prompt", code="invalid_value")
     if req.prompt is not None:
         return serving.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     tools = None if req.tools is None else tool_dicts(req.tools)
-    return serving.tokenizer.encode_chat(
-        [message_dict(m, i) for i, m in enumerate(req.messages)], tools=tools,
+    media = serving.media_parts()
+    ids = serving.tokenizer.encode_chat(
+        [message_dict(m, i, media) for i, m in enumerate(req.messages)], tools=tools,
         add_generation_prompt=req.add_generation_prompt, chat_template_kwargs=req.chat_template_kwargs,
     )
+    if not media.refs:
+        return ids
+    # an image counts its placeholders, as the model sees them (vLLM's /tokenize does the same)
+    return (await load_media(ids, media.refs, serving.options.media, serving.mm_inputs))[0]
 
 
 @api.post("/detokenize")

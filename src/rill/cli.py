@@ -67,6 +67,7 @@ def _cmd_serve(args) -> int:
     import logging
 
     from rill.media import policy as media_policy
+    from rill.openai.chat_media import parse_limits
     from rill.openai.responses_api import config as responses_config
     from rill.server import run
     from rill.sessions import config as streaming_input_config
@@ -86,6 +87,7 @@ def _cmd_serve(args) -> int:
         max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s,
         max_audio_bytes=args.max_audio_bytes, responses=responses_config.from_args(args),
         media=media_policy.from_args(args),
+        limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
     )
     return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
 
@@ -100,6 +102,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_realtime_args(p)
     add_responses_args(p)
     add_media_args(p)
+    p.add_argument("--limit-mm-per-prompt", default=_env("LIMIT_MM_PER_PROMPT", ""),
+                   help="images and videos one prompt may carry, e.g. image=4,video=1 (default image=8,video=1)")
     p.add_argument("model", nargs="?", default=_env("MODEL", "rill-tiny"),
                    help="rill-tiny (default) or a local Hugging Face model directory")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"))

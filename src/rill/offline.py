@@ -8,10 +8,12 @@ from collections.abc import Sequence
 
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
+from rill.media import MediaPolicy
+from rill.multimodal.offline import chat_messages, prompt_items
 from rill.outputs import CompletionOutput, RequestOutput
 from rill.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict  # dict: {"prompt" or "prompt_token_ids", "multi_modal_data"} (vLLM's)
 
 
 class LLM:
@@ -30,11 +32,19 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        ids = [p if not isinstance(p, str) else self.tokenizer.encode(p) for p in prompts]
-        texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(ids, texts, params)
+        texts = [p if isinstance(p, str) else p.get("prompt") if isinstance(p, dict) else None for p in prompts]
+        ids = [self._prompt_ids(p) for p in prompts]
+        mm = [prompt_items(self.engine, i, p.get("multi_modal_data") if isinstance(p, dict) else None)
+              for i, p in zip(ids, prompts)]
+        return self._run([m[0] for m in mm], texts, params, [m[1] for m in mm])
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, dict):
+            return list(prompt["prompt_token_ids"]) if "prompt_token_ids" in prompt else self.tokenizer.encode(
+                prompt["prompt"])
+        return prompt if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
 
     def chat(
         self,
@@ -43,20 +53,24 @@ class LLM:
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
+        media_policy: MediaPolicy | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of messages) or a list of conversations."""
+        """One conversation (a list of messages) or a list of conversations. Content parts may be
+        image_url / video_url (data: URLs, or what media_policy allows) and image_pil for a vision model."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        rendered = [chat_messages(self.engine, conv, media_policy or MediaPolicy()) for conv in conversations]
         texts = [
             self.tokenizer.apply_chat_template(
                 conv, tools=tools, add_generation_prompt=add_generation_prompt,
                 chat_template_kwargs=chat_template_kwargs,
             )
-            for conv in conversations
+            for conv, _ in rendered
         ]
-        ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return self._run(ids, texts, params)
+        mm = [prompt_items(self.engine, self.tokenizer.encode(t, add_special_tokens=False), data)
+              for t, (_, data) in zip(texts, rendered)]
+        return self._run([m[0] for m in mm], texts, params, [m[1] for m in mm])
 
-    def _run(self, ids: list[list[int]], texts: list[str | None], params) -> list[RequestOutput]:
+    def _run(self, ids: list[list[int]], texts: list[str | None], params, mm_items=None) -> list[RequestOutput]:
         if params is None:
             params = self.default_sampling_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(ids)
@@ -64,9 +78,9 @@ class LLM:
             raise ValueError(f"got {len(all_params)} sampling params for {len(ids)} prompts")
         results: dict[str, RequestOutput] = {}
         try:
-            for prompt_ids, text, p in zip(ids, texts, all_params):
+            for prompt_ids, text, p, items in zip(ids, texts, all_params, mm_items or [()] * len(ids)):
                 request_id = f"offline-{next(self._ids)}"
-                self.engine.add_request(request_id, prompt_ids, p)
+                self.engine.add_request(request_id, prompt_ids, p, items)
                 outputs = [CompletionOutput(index=i) for i in range(p.n)]
                 results[request_id] = RequestOutput(request_id, text, prompt_ids, outputs)
             self._drain(results)

@@ -34,6 +34,7 @@ class Submit(msgspec.Struct, frozen=True):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    mm_items: tuple = ()  # rill.multimodal.inputs.MultiModalItem, placed in the prompt
 
 
 class OpenSession(msgspec.Struct, frozen=True):
@@ -110,10 +111,10 @@ class AsyncEngine:
         self._streams[request_id] = send
         return recv
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm_items=()):
         recv = self._open_stream(request_id)
         self._n[request_id] = params.n
-        self._send(Submit(request_id, list(prompt_token_ids), params))
+        self._send(Submit(request_id, list(prompt_token_ids), params, tuple(mm_items)))
         return recv
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
@@ -140,10 +141,12 @@ class AsyncEngine:
             send.close()
         self._send(Abort(request_id))
 
-    async def generate(self, prompt_token_ids, params: SamplingParams, request_id: str | None = None) -> AsyncIterator[RequestDelta]:
-        """Deltas until every sample finishes; leaving early (or cancellation) aborts."""
+    async def generate(self, prompt_token_ids, params: SamplingParams, request_id: str | None = None,
+                       mm_items=()) -> AsyncIterator[RequestDelta]:
+        """Deltas until every sample finishes; leaving early (or cancellation) aborts. mm_items: the
+        prompt's images and videos, placed by the model's processor (engine.core.mm_inputs.expand)."""
         request_id = request_id or self.new_request_id()
-        recv = self.submit(request_id, prompt_token_ids, params)
+        recv = self.submit(request_id, prompt_token_ids, params, mm_items)
         try:
             with recv:  # sync close: no checkpoint between closing and aborting
                 async for delta in recv:
@@ -231,7 +234,7 @@ class AsyncEngine:
         try:
             match msg:
                 case Submit():
-                    core.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
+                    core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, msg.mm_items)
                 case OpenSession():
                     core.open_session(
                         msg.request_id, msg.params, start_after_tokens=msg.start_after_tokens,

@@ -55,7 +55,8 @@ class Qwen2VLInputs:
         if kind == IMAGE:
             pixels = process_image(media, self.image_cfg)
         else:
-            pixels = process_video(list(media.frames), self.video_cfg)
+            frames = media.frames if hasattr(media.frames, "dtype") else list(media.frames)  # array or images
+            pixels = process_video(frames, self.video_cfg)
             if self.vision.version == 25:  # seconds per temporal patch x M-RoPE time steps per second
                 interval = self.vision.tokens_per_second * self.video_cfg.temporal_patch_size / media.fps
         return _item(kind, pixels, interval)

@@ -146,6 +146,10 @@ def process_video(frames: list[Image.Image] | torch.Tensor, cfg: PixelConfig) ->
 
 
 def _frames_tensor(frames) -> torch.Tensor:
+    if isinstance(frames, np.ndarray):  # rill.media's VideoFrames.frames: [T, H, W, 3] uint8
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+            raise ValidationError("the video has no frames", code="invalid_video")
+        return torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()
     if isinstance(frames, torch.Tensor):
         if frames.dtype != torch.uint8 or frames.dim() != 4 or frames.shape[1] != 3:
             raise ValueError(f"video frames must be uint8 [T, 3, H, W], got {frames.dtype} {tuple(frames.shape)}")

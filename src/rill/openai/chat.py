@@ -16,6 +16,7 @@ from typing import Any
 
 from rill.errors import ValidationError
 from rill.openai import sse
+from rill.openai.chat_media import MediaParts, load_media
 from rill.openai.constraints import output_constraint, strict_tools_constraint, tool_call_constraint
 from rill.openai.errors import ApiError, bad_request
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
@@ -50,6 +51,8 @@ class ChatJob:
     echo: str
     created: int
     tools: list[dict] | None = None  # as the chat template sees them
+    media: MediaParts | None = None  # the prompt's images and videos, still to load (chat_media.py)
+    mm_items: tuple = ()  # ... once loaded: placed in prompt_ids, whose placeholders are expanded
 
     @property
     def tool_prefix(self) -> str:
@@ -67,19 +70,33 @@ class ChatJob:
 
 
 def prepare_chat(serving: Serving, trace: RequestTrace, body: bytes) -> ChatJob:
-    return prepare_chat_request(serving, trace, decode_body(body, ChatCompletionRequest))
+    return prepare_chat_request(serving, trace, decode_body(body, ChatCompletionRequest), with_media=True)
 
 
-def prepare_chat_request(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) -> ChatJob:
+def prepare_chat_request(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest,
+                         with_media: bool = False) -> ChatJob:
     """A decoded chat request (from the wire, or translated from the Responses API) validated and
-    rendered: its prompt_ids set, ready to run."""
+    rendered: its prompt_ids set, ready to run (after load_chat_media when it has images)."""
     job = chat_job(serving, trace, req)
-    messages = [message_dict(m, i) for i, m in enumerate(job.request.messages)]
+    media = serving.media_parts() if with_media else None
+    messages = [message_dict(m, i, media) for i, m in enumerate(job.request.messages)]
     job.prompt_ids = serving.tokenizer.encode(render_prompt(serving, job, messages), add_special_tokens=False)
+    job.media = media if media is not None and media.refs else None
     trace.num_prompt_tokens = len(job.prompt_ids)
     serving.check_fits(len(job.prompt_ids), job.params.max_tokens, "messages")
     serving.check_ready()
     return job
+
+
+async def load_chat_media(serving: Serving, job: ChatJob) -> None:
+    """Decode, process and place the job's images and videos (a 400 for a bad one), off the trio thread."""
+    if job.media is None:
+        return
+    job.prompt_ids, items = await load_media(job.prompt_ids, job.media.refs, serving.options.media,
+                                             serving.mm_inputs)
+    job.mm_items = tuple(items)
+    job.trace.num_prompt_tokens = len(job.prompt_ids)
+    serving.check_fits(len(job.prompt_ids), job.params.max_tokens, "messages")
 
 
 def chat_job(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) -> ChatJob:
@@ -177,8 +194,14 @@ def _plain_function(function: FunctionDef) -> dict[str, Any]:
     return out
 
 
-def message_dict(message: Message, i: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": _content_text(message, i)}
+def message_dict(message: Message, i: int, media: MediaParts | None = None) -> dict[str, Any]:
+    """A message as the chat template sees it. With `media` (a vision model's chat), content parts stay
+    a list of template parts (transformers' shape) and the images and videos are collected."""
+    if media is not None and media.accepts and isinstance(message.content, list):
+        content = [media.part(p, f"messages[{i}].content[{j}]") for j, p in enumerate(message.content)]
+    else:
+        content = _content_text(message, i)
+    out: dict[str, Any] = {"role": message.role, "content": content}
     for name in ("name", "tool_call_id", "reasoning_content"):
         if getattr(message, name) is not None:
             out[name] = getattr(message, name)
@@ -302,7 +325,7 @@ async def stream_chat(serving: Serving, job: ChatJob, deltas: Deltas | None = No
     try:
         for i in range(job.params.n):
             yield _frame(job, [ChatChunkChoice(i, ChatDelta(role="assistant"))])
-        async with aclosing(deltas or serving.run(job.trace, [job.prompt_ids], job.params)) as deltas:
+        async with aclosing(deltas or serving.run(job.trace, [job.prompt_ids], job.params, job.mm_items)) as deltas:
             async for _, delta in deltas:
                 if delta.error is not None:
                     raise ApiError(500, delta.error, code="engine_error")
@@ -350,7 +373,7 @@ async def complete_chat(serving: Serving, job: ChatJob, deltas: Deltas | None = 
     parts: list[list[ChatDelta]] = [[] for _ in choices]
     ends: list[RequestDelta | None] = [None for _ in choices]
     num_cached = 0
-    async with aclosing(deltas or serving.run(job.trace, [job.prompt_ids], job.params)) as deltas:
+    async with aclosing(deltas or serving.run(job.trace, [job.prompt_ids], job.params, job.mm_items)) as deltas:
         async for _, delta in deltas:
             if delta.error is not None:
                 raise ApiError(500, delta.error, code="engine_error")

@@ -12,11 +12,21 @@ from typing import Any, Literal
 import msgspec
 
 
+class MediaURL(msgspec.Struct):
+    """An image_url / video_url part's source: a data: URL, or http(s)/file where the server allows them."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; Qwen2-VL's resolution is its processor's
+
+
 class ContentPart(msgspec.Struct):
-    """One part of a message's content. rill's models read text; other types are refused."""
+    """One part of a message's content: text, or (for a vision model) image_url, or vLLM's video_url.
+    A text-only model refuses the other types."""
 
     type: str
     text: str | None = None
+    image_url: MediaURL | None = None
+    video_url: MediaURL | None = None
 
 
 class FunctionCall(msgspec.Struct):

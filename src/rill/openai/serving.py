@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from rill.errors import ValidationError
+from rill.media import MediaPolicy
+from rill.openai.chat_media import DEFAULT_LIMITS as DEFAULT_MM_LIMITS
 from rill.openai.errors import ApiError, bad_request, from_decode_error, from_exception
 from rill.openai.chat_bodies import ModelCard
 from rill.outputs import RequestDelta
@@ -29,6 +31,8 @@ class ServingOptions:
     tool_call_parser: str | None = "hermes"  # None: tool calls stay in the content
     reasoning_parser: str | None = None  # see reasoning_parser.REASONING_PARSERS
     max_waiting: int | None = None  # requests waiting for their first token; past it, 429
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # image and video sources and limits (rill.media)
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MM_LIMITS))
 
 
 @dataclass
@@ -74,6 +78,13 @@ class Serving:
         self._on_done = on_done
         self.created = int(time.time())
         self._grammars: GrammarCompiler | None = None
+        self.mm_inputs = getattr(engine.core, "mm_inputs", None)  # a vision model's processor, else None
+
+    def media_parts(self):
+        """A collector for one chat's images and videos (rill.openai.chat_media)."""
+        from rill.openai.chat_media import MediaParts
+
+        return MediaParts(self.mm_inputs is not None, dict(self.options.limit_mm_per_prompt))
 
     # -- checks before a request runs ------------------------------------------------------------------
 
@@ -136,7 +147,7 @@ class Serving:
         current_trace.set(trace)
         return trace
 
-    async def run(self, trace: RequestTrace, prompts: list[list[int]], params: SamplingParams,
+    async def run(self, trace: RequestTrace, prompts: list[list[int]], params: SamplingParams, mm_items=(),
                   ) -> AsyncIterator[tuple[int, RequestDelta]]:
         """Submit every prompt at once; yield (prompt index, delta), one prompt's stream after the
         other (the engine runs them together; later ones buffer). Leaving early aborts them all."""
@@ -145,7 +156,7 @@ class Serving:
         try:
             recvs = []
             for request_id, prompt in zip(ids, prompts):
-                recvs.append(self.engine.submit(request_id, prompt, params))
+                recvs.append(self.engine.submit(request_id, prompt, params, mm_items))
                 waiting.add(request_id)
                 self.num_awaiting_first_token += 1
             for i, recv in enumerate(recvs):
