@@ -112,7 +112,12 @@ def _open(data: bytes):
 
 
 def _probe(data: bytes, policy: MediaPolicy, param: str | None) -> _Probe:
-    with _open(data) as container:
+    try:
+        container = _open(data)
+    except av.error.FFmpegError as exc:
+        raise VideoError(f"the bytes are not a video in a format this server reads (MP4/MOV, WebM/Matroska, AVI): "
+                         f"{exc.strerror or exc}", param) from None
+    with container:
         if not container.streams.video:
             raise VideoError("the file has no video stream", param)
         stream = container.streams.video[0]
