@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate",
-             "train-tiny-speech": "rill.tiny_speech.train", "eval-tiny-speech": "rill.tiny_speech.evaluate", "bench": "rill.bench"}
+             "train-tiny-speech": "rill.tiny_speech.train", "eval-tiny-speech": "rill.tiny_speech.evaluate", "bench": "rill.bench",
+             "train-tiny-vision": "rill.tiny_vision.train", "eval-tiny-vision": "rill.tiny_vision.evaluate"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,142 @@
+"""Training and evaluation examples as model inputs: token ids, labels and pixel patches.
+
+Every example is rendered as the chat template renders a user turn holding the picture or clip and
+the question (the picture first, or on a share of training examples the question first, as clients
+send either order), followed by the answer and <|im_end|>. <|image_pad|> / <|video_pad|> are
+expanded to the picture's or clip's token count as Qwen2VLProcessor expands them.
+
+Training examples are drawn on the fly by worker processes, each a function of (seed, index) alone,
+a few steps ahead of the optimizer (bounded, so memory stays flat).
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from rill.tiny_vision import model as shapes
+from rill.tiny_vision import tasks
+from rill.tiny_vision import tokenizer as tok
+from rill.tiny_vision.splits import TRAIN
+
+TEXT_FIRST_SHARE = 0.25
+STEPS_AHEAD = 4
+
+
+@dataclass
+class Encoded:
+    family: str
+    ids: list[int]  # the whole turn, placeholders expanded
+    num_prompt: int  # ids before the answer
+    pixels: torch.Tensor  # [num_patches, patch_dim]
+    grid_thw: list[int]
+    is_video: bool
+
+
+def prompt_text(example: tasks.Example, text_first: bool = False) -> str:
+    """What CHAT_TEMPLATE renders for the one user turn, with the generation prompt."""
+    pad = tok.VIDEO_PAD if example.frames is not None else tok.IMAGE_PAD
+    media = f"{tok.VISION_START}{pad}{tok.VISION_END}"
+    body = example.question + media if text_first else media + example.question
+    return f"{tok.IM_START}user\n{body}{tok.IM_END}\n{tok.IM_START}assistant\n"
+
+
+def messages(example: tasks.Example, text_first: bool = False) -> list[dict]:
+    """The same turn as chat messages (transformers' content parts)."""
+    media = {"type": "video"} if example.frames is not None else {"type": "image"}
+    text = {"type": "text", "text": example.question}
+    return [{"role": "user", "content": [text, media] if text_first else [media, text]}]
+
+
+def pixels_of(example: tasks.Example, shape: shapes.Shape) -> tuple[torch.Tensor, list[int]]:
+    frames = example.frames if example.frames is not None else np.asarray(example.image)[None]
+    return shapes.patches(frames, shape)
+
+
+def encode(example: tasks.Example, tokenizer: Tokenizer, shape: shapes.Shape, text_first: bool = False) -> Encoded:
+    pixels, grid = pixels_of(example, shape)
+    prompt = tokenizer.encode(prompt_text(example, text_first), add_special_tokens=False).ids
+    answer = tokenizer.encode(example.answer + tok.IM_END, add_special_tokens=False).ids
+    pad_id = tokenizer.token_to_id(tok.VIDEO_PAD if example.frames is not None else tok.IMAGE_PAD)
+    count = grid[0] * grid[1] * grid[2] // shape.merge_size**2
+    at = prompt.index(pad_id)
+    prompt = prompt[:at] + [pad_id] * count + prompt[at + 1:]
+    return Encoded(example.family, prompt + answer, len(prompt), pixels, grid, example.frames is not None)
+
+
+def train_example(seed: int, index: int) -> tuple[tasks.Example, bool]:
+    rng = random.Random(f"rill-tiny-vision/{seed}/train/{index}")
+    return tasks.make(rng, rng.choice(tasks.FAMILIES), TRAIN), rng.random() < TEXT_FIRST_SHARE
+
+
+_WORKER: dict = {}
+
+
+def _init(tokenizer_json: str, shape: shapes.Shape, seed: int) -> None:
+    torch.set_num_threads(1)
+    _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), shape=shape, seed=seed)
+
+
+def _encode_range(start: int, stop: int) -> list[Encoded]:
+    out = []
+    for index in range(start, stop):
+        example, text_first = train_example(_WORKER["seed"], index)
+        out.append(encode(example, _WORKER["tokenizer"], _WORKER["shape"], text_first))
+    return out
+
+
+class Stream:
+    """Batch after batch of training examples, drawn by `workers` processes STEPS_AHEAD steps ahead."""
+
+    def __init__(self, seed: int, batch_size: int, tokenizer: Tokenizer, shape: shapes.Shape, workers: int):
+        self.batch_size = batch_size
+        self.pool = multiprocessing.get_context("fork").Pool(
+            max(1, workers), initializer=_init, initargs=(tokenizer.to_str(), shape, seed))
+        self.pending: collections.deque = collections.deque()
+        self.next_step = 0
+
+    def _submit(self) -> None:
+        # a batch in pieces, one per worker, so several workers share one step
+        size = self.batch_size
+        start = self.next_step * size
+        pieces = [(start + k, min(start + size, start + k + 8)) for k in range(0, size, 8)]
+        self.pending.append([self.pool.apply_async(_encode_range, piece) for piece in pieces])
+        self.next_step += 1
+
+    def next(self) -> list[Encoded]:
+        while len(self.pending) < STEPS_AHEAD:
+            self._submit()
+        return [e for result in self.pending.popleft() for e in result.get()]
+
+    def close(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
+def collate(batch: list[Encoded], pad_id: int, image_pad: int, video_pad: int) -> dict[str, torch.Tensor]:
+    """Right-padded ids, labels on the answers, mm_token_type_ids, and the pictures' and clips' patches."""
+    width = max(len(e.ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, e in enumerate(batch):
+        ids[row, : len(e.ids)] = torch.tensor(e.ids)
+        mask[row, : len(e.ids)] = 1
+        labels[row, e.num_prompt - 1 : len(e.ids) - 1] = torch.tensor(e.ids[e.num_prompt:])
+    types = (ids == image_pad).long() + 2 * (ids == video_pad).long()
+    out = {"input_ids": ids, "attention_mask": mask, "labels": labels, "mm_token_type_ids": types}
+    images = [e for e in batch if not e.is_video]
+    videos = [e for e in batch if e.is_video]
+    if images:
+        out["pixel_values"] = torch.cat([e.pixels for e in images])
+        out["image_grid_thw"] = torch.tensor([e.grid_thw for e in images])
+    if videos:
+        out["pixel_values_videos"] = torch.cat([e.pixels for e in videos])
+        out["video_grid_thw"] = torch.tensor([e.grid_thw for e in videos])
+    return out
