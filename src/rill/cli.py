@@ -25,6 +25,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=_env("MAX_NUM_BATCHED_TOKENS", 2048, int))
     p.add_argument("--no-prefix-caching", action="store_true", default=bool(_env("NO_PREFIX_CACHING", "")))
     p.add_argument("--chat-template", default=_env("CHAT_TEMPLATE"), help="file with a Jinja chat template")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=_env("TENSOR_PARALLEL_SIZE", 1, int),
+                   help="split the model over this many processes (one GPU each on CUDA; gloo on CPU)")
 
 
 def engine_config(args):
@@ -41,6 +43,7 @@ def engine_config(args):
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, chat_template=template,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -48,12 +51,12 @@ def _cmd_generate(args) -> int:
     from rill.offline import LLM
     from rill.sampling_params import SamplingParams
 
-    llm = LLM(**vars(engine_config(args)))
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    if args.command == "chat":
-        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
-    else:
-        outs = llm.generate(args.prompts, params)
+    with LLM(**vars(engine_config(args))) as llm:
+        if args.command == "chat":
+            outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+        else:
+            outs = llm.generate(args.prompts, params)
     for out in outs:
         if args.json:
             print(json.dumps({"prompt": out.prompt, "text": out.outputs[0].text,

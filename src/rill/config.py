@@ -35,9 +35,11 @@ class EngineConfig:
     # max_num_batched_tokens), and how many the encoder cache keeps (None: four steps' worth)
     max_num_encoder_tokens: int | None = None
     encoder_cache_tokens: int | None = None
+    # ranks the model is split over (rill.distributed): processes on one machine, one GPU each on CUDA
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -38,3 +38,7 @@ class TemplateRewritesTextError(ChatTemplateError):
 
 class EngineDeadError(RillError):
     """The engine's worker thread died; every live and new request fails with this."""
+
+
+class RankFailedError(EngineDeadError):
+    """A tensor-parallel rank's process exited or failed: the engine it was part of is dead."""

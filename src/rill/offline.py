@@ -24,6 +24,16 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the engine's other processes (tensor_parallel_size > 1); nothing to do otherwise."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams.from_generation_config(self.engine.generation_config)
 

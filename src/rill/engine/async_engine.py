@@ -63,6 +63,12 @@ class Shutdown(msgspec.Struct, frozen=True):
     pass
 
 
+class RankFailed(msgspec.Struct, frozen=True):
+    """A tensor-parallel rank died (sent by its monitor thread): the worker raises it and the engine is dead."""
+
+    error: BaseException
+
+
 class AsyncEngine:
     """Trio-side handle. submit/append/finish/abort are non-blocking and thread-safe."""
 
@@ -226,6 +232,8 @@ class AsyncEngine:
                 return num_applied
             if isinstance(msg, Shutdown):
                 return None
+            if isinstance(msg, RankFailed):
+                raise msg.error
             self._apply(msg)
             num_applied += 1
 
@@ -256,6 +264,10 @@ class AsyncEngine:
     def shutdown(self) -> None:
         self._send(Shutdown())
 
+    def rank_failed(self, error: BaseException) -> None:
+        """Any thread: a tensor-parallel rank died; the worker fails every request, even when idle."""
+        self._send(RankFailed(error))
+
 
 @asynccontextmanager
 async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[AsyncEngine]:
@@ -263,11 +275,16 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Async
     config = config or EngineConfig()
     core = await trio.to_thread.run_sync(EngineCore, config)
     engine = AsyncEngine(core, trio.lowlevel.current_trio_token())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(
-            lambda: trio.to_thread.run_sync(engine.run_worker, limiter=trio.CapacityLimiter(1))
-        )
-        try:
-            yield engine
-        finally:
-            engine.shutdown()
+    core.watch_ranks(engine.rank_failed)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                lambda: trio.to_thread.run_sync(engine.run_worker, limiter=trio.CapacityLimiter(1))
+            )
+            try:
+                yield engine
+            finally:
+                engine.shutdown()
+    finally:
+        with trio.CancelScope(shield=True):  # the worker thread is done: stop tensor-parallel ranks
+            await trio.to_thread.run_sync(core.close)

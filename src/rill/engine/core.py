@@ -32,7 +32,15 @@ class EngineCore:
     def __init__(self, config: EngineConfig):
         self.config = config
         torch.manual_seed(config.seed)
-        self.model_dir, self.model_config, self.generation_config, model = load(config.model, config.dtype, config.device)
+        self.model_dir, self.model_config, self.generation_config, model = _load(config)
+        try:
+            self._start(config, model)
+        except BaseException:
+            _close(model)  # a tensor-parallel model's other ranks
+            raise
+
+    def _start(self, config: EngineConfig, model) -> None:
+        self.kv_heads_per_rank = model.config.num_kv_heads  # all of them, unless tensor parallel
         self.tokenizer = Tokenizer.from_dir(self.model_dir, chat_template=config.chat_template)
         cfg = self.model_config
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -49,6 +57,8 @@ class EngineCore:
         self.mm_inputs = None  # the image and video processor of a model with a vision tower (rill.multimodal)
         if cfg.vision is not None:
             self.mm_inputs, self.scheduler.vision = start_vision(self.model_dir, cfg, model, config)
+        if config.tensor_parallel_size > 1:
+            model.allocate_kv(num_blocks, config.block_size)  # the other ranks' shares: same block ids
         self.requests: dict[str, list[Sequence]] = {}
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
@@ -61,7 +71,7 @@ class EngineCore:
         """Blocks that fit the byte budget, but no more than max_num_seqs full-length sequences
         can use: a small model would otherwise allocate (and zero) the whole budget for nothing."""
         cfg = self.model_config
-        page_bytes = self.kv_layout.page_bytes(self.config.block_size, cfg.num_kv_heads, cfg.head_dim,
+        page_bytes = self.kv_layout.page_bytes(self.config.block_size, self.kv_heads_per_rank, cfg.head_dim,
                                                cfg.dtype.itemsize)
         fit = kv_cache_bytes // page_bytes
         useful = self.config.max_num_seqs * self.max_blocks_per_seq(self.max_model_len)
@@ -394,10 +404,37 @@ class EngineCore:
             self.requests.pop(seq.request_id, None)
             self.stats.num_finished += 1
 
+    # -- tensor-parallel ranks ---------------------------------------------------------------------
+
+    def watch_ranks(self, on_failure) -> None:
+        """on_failure(error), from another thread, when one of a tensor-parallel engine's ranks dies."""
+        if self.config.tensor_parallel_size > 1:
+            self.runner.model.watch(on_failure)
+
+    def close(self) -> None:
+        """Stop the engine's other ranks (tensor parallelism); a one-process engine has none. Idempotent."""
+        _close(getattr(self.runner, "model", None))
+
     # -- stats ------------------------------------------------------------------------------------
 
     def snapshot(self):
         return self.stats.snapshot(self.scheduler, self.block_manager)
+
+
+def _load(config: EngineConfig):
+    """(model dir, model config, generation config, decoder). With tensor parallelism the decoder is
+    rank 0's shard, which drives the other ranks (rill.distributed.driver)."""
+    if config.tensor_parallel_size == 1:
+        return load(config.model, config.dtype, config.device)
+    from rill.distributed.driver import load_tensor_parallel
+
+    return load_tensor_parallel(config)
+
+
+def _close(model) -> None:
+    close = getattr(model, "close", None)  # only a tensor-parallel driver has processes to stop
+    if close is not None:
+        close()
 
 
 def _advance_matcher(matcher, token_id: int) -> bool:
