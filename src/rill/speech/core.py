@@ -24,7 +24,8 @@ import torch
 from rill.errors import ModelLoadError, ValidationError
 from rill.speech.decoding import (LogitRules, Segment, SpeechDelta, TranscribeParams, Transcription,
                                   carry_previous, decoder_prompt, language_code, language_token_id,
-                                  max_window_tokens, sample, split_windows, text_ids, validate_params)
+                                  max_window_tokens, prefix_ids, sample, split_windows, text_ids,
+                                  validate_params)
 from rill.speech.features import FeatureConfig, LogMel
 from rill.speech.whisper import WhisperRuntime, load_whisper
 from rill.tokenizer import Detokenizer
@@ -49,7 +50,7 @@ class SpeechRequest:
     """One transcription's progress: its windows, the current window's decoding, what is done."""
 
     def __init__(self, request_id: str, audio: np.ndarray, params: TranscribeParams, language_id: int | None,
-                 previous: list[int], window_samples: int):
+                 previous: list[int], window_samples: int, prefix: list[int] = ()):
         self.request_id = request_id
         self.params = params
         self.windows = split_windows(audio, window_samples)
@@ -58,6 +59,7 @@ class SpeechRequest:
         self.status = Status.WAITING
         self.language_id = language_id  # given, or detected on the first window
         self.previous = previous  # prompt text, then every window's output: the next window's prompt
+        self.prefix = list(prefix)  # forced after the first window's special tokens (params.prefix)
         self.segments: list[Segment] = []
         self.text_parts: list[str] = []
         # the current window
@@ -73,6 +75,11 @@ class SpeechRequest:
     @property
     def num_windows_done(self) -> int:
         return len(self.segments)
+
+    @property
+    def window_prefix(self) -> list[int]:
+        """The forced prefix of the current window: the first window's only."""
+        return self.prefix if self.num_windows_done == 0 else []
 
     @property
     def num_windows(self) -> int:
@@ -131,7 +138,7 @@ class SpeechCore:
             raise ValidationError(f"audio must be 1-D mono samples, got shape {audio.shape}", param="file")
         language_id = language_token_id(self.runtime.generation, params.language)
         request = SpeechRequest(request_id, audio, params, language_id, text_ids(self.runtime, params.prompt),
-                                self.features.config.n_samples)
+                                self.features.config.n_samples, prefix_ids(self.runtime, params.prefix))
         self.requests[request_id] = request
         self.waiting.append(request)
 
@@ -190,7 +197,8 @@ class SpeechCore:
         for request in new:
             self._start_window(request)
         logits = self._prefill(new, cache)
-        first = torch.ones(len(new), dtype=torch.bool, device=logits.device)
+        # begin_suppress_tokens guard a transcript's first token; after a forced prefix EOS may come at once
+        first = torch.tensor([not r.window_prefix for r in new], dtype=torch.bool, device=logits.device)
         self._accept(new, self._sample(new, logits, first), deltas)
 
     def _detect_languages(self, new: list[SpeechRequest], cache) -> None:
@@ -206,10 +214,11 @@ class SpeechCore:
                 request.language_id = language_id
 
     def _start_window(self, request: SpeechRequest) -> None:
-        request.prompt = decoder_prompt(self.runtime, request.language_id, request.params.task, request.previous)
+        request.prompt = decoder_prompt(self.runtime, request.language_id, request.params.task, request.previous,
+                                        request.window_prefix)
         request.window_tokens = []
         request.max_tokens = max_window_tokens(self.runtime, len(request.prompt), request.params)
-        request.detokenizer = Detokenizer(self.runtime.tokenizer, [])
+        request.detokenizer = Detokenizer(self.runtime.tokenizer, request.window_prefix)
 
     def _prefill(self, new: list[SpeechRequest], cache) -> torch.Tensor:
         """The new rows' prompts, right-padded, in one call -> logits [B, V] at each prompt's last token."""
@@ -243,7 +252,7 @@ class SpeechCore:
 
     def _text(self, request: SpeechRequest, text: str) -> str:
         """Released text, less the transcript's leading blanks (Whisper's text starts with a space)."""
-        if not request.text_parts:
+        if not request.text_parts and not request.prefix:  # after a prefix the space separates it from the text
             text = text.lstrip()
         if text:
             request.text_parts.append(text)

@@ -26,6 +26,10 @@ class TranscribeParams(msgspec.Struct, frozen=True):
     temperature: float = 0.0
     task: str = "transcribe"
     max_new_tokens: int | None = None  # per window
+    # Text forced after the special tokens of the first window, as the model writes it (leading space
+    # included); the output is what follows it (OpenAI whisper's `prefix`). Streaming recognition
+    # (rill.speech.live) forces the words it has committed, so a pass only decodes the words after them.
+    prefix: str | None = None
 
 
 class Segment(msgspec.Struct):
@@ -89,6 +93,8 @@ def validate_params(gen: WhisperGenerationConfig, params: TranscribeParams) -> N
         raise ValidationError("temperature must be between 0 and 2", param="temperature")
     if params.max_new_tokens is not None and params.max_new_tokens < 1:
         raise ValidationError("max_new_tokens must be at least 1", param="max_new_tokens")
+    if params.prefix is not None and "<|" in params.prefix:
+        raise ValidationError("a prefix is text, not special tokens", param="prefix")
 
 
 def language_code(gen: WhisperGenerationConfig, token_id: int | None) -> str:
@@ -105,20 +111,27 @@ def text_ids(runtime: WhisperRuntime, text: str | None) -> list[int]:
     return runtime.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
 
 
-def decoder_prompt(runtime: WhisperRuntime, language_id: int | None, task: str, previous: list[int]) -> list[int]:
-    """The special-token prompt of one window, after the previous text (cut as Whisper cuts it)."""
+def decoder_prompt(runtime: WhisperRuntime, language_id: int | None, task: str, previous: list[int],
+                   prefix: list[int] = ()) -> list[int]:
+    """The special-token prompt of one window, after the previous text (cut as Whisper cuts it), and
+    the forced `prefix` ids after the special tokens."""
     gen = runtime.generation
     start = [gen.decoder_start_token_id]
     if gen.is_multilingual:
         start += [language_id, gen.task_to_id.get(task, gen.task_to_id.get("transcribe"))]
     if gen.no_timestamps_token_id is not None:
         start.append(gen.no_timestamps_token_id)
-    start = [t for t in start if t is not None]
+    start = [t for t in start if t is not None] + list(prefix)
     max_target = runtime.config.max_target_positions
     keep = min(max_target // 2 - 1, max_target - len(start) - 2)  # leave room for one token
     if not previous or keep <= 0 or gen.prev_sot_token_id is None:
         return start
     return [gen.prev_sot_token_id, *previous[-keep:], *start]
+
+
+def prefix_ids(runtime: WhisperRuntime, prefix: str | None) -> list[int]:
+    """A forced prefix's ids, the text encoded as given (no space added, nothing stripped)."""
+    return runtime.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
 
 
 def carry_previous(runtime: WhisperRuntime, previous: list[int], window_tokens: list[int]) -> list[int]:
@@ -201,12 +214,13 @@ def decode_window(runtime: WhisperRuntime, features: torch.Tensor, params: Trans
     if language_id is None and gen.is_multilingual:
         logits = _step(runtime, [[gen.decoder_start_token_id]], 0, cache)
         language_id = rules.detect_language(logits)[0]
-    prompt = decoder_prompt(runtime, language_id, params.task, list(previous))
+    forced = prefix_ids(runtime, params.prefix)
+    prompt = decoder_prompt(runtime, language_id, params.task, list(previous), forced)
     limit = max_window_tokens(runtime, len(prompt), params)
     logits, out = _step(runtime, [prompt], 0, cache), []
     temperature = torch.tensor([params.temperature], device=runtime.device)
     while True:
-        first = torch.tensor([not out], device=runtime.device)
+        first = torch.tensor([not out and not forced], device=runtime.device)  # begin-suppress: the transcript's start
         token = sample(rules.apply(logits, first), temperature, None)[0]
         if token == gen.eos_token_id:
             break

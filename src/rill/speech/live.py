@@ -1,0 +1,354 @@
+"""Streaming recognition of one live audio stream: VAD-segmented LocalAgreement through the speech worker.
+
+    live = LiveTranscriber(speech_engine, LiveConfig(turn_detection=TurnDetection()), emit)
+    nursery.start_soon(live.run)
+    live.feed(samples_16k); live.commit(); live.clear()      # non-blocking, in order
+    await live.wait_for_room()                                # back-pressure for the audio's source
+
+`emit` gets, in order: `SpeechStarted` / `SpeechStopped` (server VAD), `TranscriptDelta` as words
+become final, `TranscriptDone` when a turn's transcript is complete (the VAD's end of speech, or a
+commit), and `SpeechFailed` if the speech engine fails.
+
+How (rill.speech.vad, rill.speech.prefix_agreement):
+- Every appended piece is labelled by the VAD in a worker thread. Speech opens a segment (from
+  `prefix_padding_ms` before the onset); a pause of `pause_ms` closes it, as does a commit; one
+  that fills the model's window is cut at its quietest 30 ms near the end. Silence outside
+  segments is never decoded (Whisper invents words in silence).
+- While a segment is open it is decoded again whenever `pass_interval_s` of new audio has come and
+  the previous pass is done: at most one pass per stream in flight, so a busy machine makes passes
+  rarer rather than queueing them. Each pass forces the committed words as its prefix; words two
+  passes agree on go out at once. A closed segment gets one final pass that commits the rest.
+- A pass costs one encoder window (the audio is at most one window, padded as Whisper pads) plus
+  the new words' decoder steps, however long the stream: an hour costs the same per second as a
+  minute. Passes of all streams meet in the speech worker, which batches them.
+- Memory is bounded: the stream keeps the open segment (at most one window), closed segments that
+  wait for their final pass and audio not yet labelled; `wait_for_room` holds the source while
+  that backlog is over `max_backlog_s`.
+Nothing here runs a model on the trio thread: the VAD runs in `trio.to_thread`, passes in the
+speech worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+import trio
+
+from rill.errors import RillError
+from rill.speech.decoding import TranscribeParams
+from rill.speech.prefix_agreement import PrefixAgreement
+from rill.speech.vad import SAMPLE_RATE, Activity, TurnDetection, VadEvent, VoiceActivity, quietest_sample
+
+CUT_SEARCH_S = 1.5  # a full window is cut at its quietest frame within this much of its end
+WINDOW_MARGIN_S = 0.25  # a segment is cut this much before it would fill the model's window
+TOKENS_PER_S = 12  # a pass decodes at most this many tokens per second of audio (plus MIN_TOKENS)
+MIN_TOKENS = 8
+MIN_PASS_S = 0.3  # a segment shorter than this gets no interim pass
+
+
+class LiveConfig(msgspec.Struct, frozen=True, kw_only=True):
+    turn_detection: TurnDetection | None = TurnDetection()  # None: turns end at commit only
+    language: str | None = None
+    prompt: str | None = None  # the decoder's previous-text prompt (input_audio_transcription.prompt)
+    pass_interval_s: float = 0.3
+    pause_ms: int = 250  # a segment closes at this much silence (at most silence_duration_ms)
+    max_backlog_s: float = 30.0
+    hold_last_word: bool = True
+
+
+# -- events out ----------------------------------------------------------------------------------------
+
+
+class SpeechStarted(msgspec.Struct, frozen=True):
+    audio_start_ms: int  # from the start of the stream, prefix padding included
+
+
+class SpeechStopped(msgspec.Struct, frozen=True):
+    audio_end_ms: int
+
+
+class TranscriptDelta(msgspec.Struct, frozen=True):
+    text: str  # final words; the turn's first delta has no leading space
+
+
+class TranscriptDone(msgspec.Struct, frozen=True):
+    text: str  # the turn's whole transcript
+    audio_s: float  # speech decoded for it
+    final: bool = False  # the stream ended (a commit with final: true)
+
+
+class SpeechFailed(msgspec.Struct, frozen=True):
+    message: str
+
+
+LiveEvent = SpeechStarted | SpeechStopped | TranscriptDelta | TranscriptDone | SpeechFailed
+
+
+# -- what the recogniser works through ---------------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    start: int  # sample index in the stream
+    audio: list[np.ndarray] = field(default_factory=list)
+    num_samples: int = 0
+    agreement: PrefixAgreement = field(default_factory=PrefixAgreement)
+    num_passed_samples: int = 0  # audio the latest pass heard
+
+    def add(self, samples: np.ndarray) -> None:
+        if len(samples):
+            self.audio.append(samples)
+            self.num_samples += len(samples)
+
+    def samples(self) -> np.ndarray:
+        if len(self.audio) > 1:
+            self.audio = [np.concatenate(self.audio)]
+        return self.audio[0] if self.audio else np.zeros(0, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class _TurnEnd:
+    final: bool
+
+
+@dataclass(frozen=True)
+class _Mark:
+    kind: str  # "commit" | "clear"
+    final: bool = False
+
+
+class LiveTranscriber:
+    """One live stream's recogniser; `run` it in a nursery, feed it from the trio thread."""
+
+    def __init__(self, speech, config: LiveConfig, emit: Callable[[LiveEvent], None]):
+        self.speech = speech  # AsyncSpeechEngine
+        self.config = config
+        self._emit = emit
+        runtime = speech.core.runtime
+        self._tokenizer = runtime.tokenizer
+        self.window_samples = speech.core.features.config.n_samples
+        self._vad = VoiceActivity(config.turn_detection, config.pause_ms)
+        self._incoming: deque[np.ndarray | _Mark] = deque()
+        self._num_incoming = 0
+        self._ready, self._work, self._progress = trio.Event(), trio.Event(), trio.Event()
+        self._recent = np.zeros(0, dtype=np.float32)  # the latest audio outside a segment (prefix padding)
+        self._open: _Segment | None = None
+        self._closed: deque[_Segment | _TurnEnd] = deque()
+        self._generation = 0  # bumped by clear: results of passes begun before it are dropped
+        self._turn_words: list[str] = []
+        self._turn_samples = 0
+        self._num_labelled = 0  # samples through the VAD
+        self._num_routed = 0  # samples placed in a segment or in _recent
+        self.num_samples = 0  # fed so far
+        self.num_passes = 0
+        self.num_final_passes = 0
+        self.failed = False
+
+    # -- trio side: non-blocking input ---------------------------------------------------------------
+
+    @property
+    def backlog_s(self) -> float:
+        """Audio taken but not yet final: incoming, the open segment, closed ones awaiting their pass."""
+        pending = sum(s.num_samples for s in self._closed if isinstance(s, _Segment))
+        open_samples = self._open.num_samples if self._open else 0
+        return (self._num_incoming + pending + open_samples) / SAMPLE_RATE
+
+    def feed(self, samples: np.ndarray) -> None:
+        """16 kHz mono float32, in stream order."""
+        self._push(np.asarray(samples, dtype=np.float32))
+        self._num_incoming += len(samples)
+        self.num_samples += len(samples)
+
+    def commit(self, final: bool = False) -> None:
+        """The turn ends here (manual commit): its segment closes and its transcript completes."""
+        self._push(_Mark("commit", final))
+
+    def clear(self) -> None:
+        """Forget the audio not yet transcribed and the turn so far."""
+        self._push(_Mark("clear"))
+
+    async def wait_for_room(self) -> None:
+        while self.backlog_s > self.config.max_backlog_s and not self.failed:
+            await self._progress.wait()
+
+    def _push(self, item) -> None:
+        self._incoming.append(item)
+        self._ready.set()
+
+    def _signal_progress(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    # -- tasks --------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Label audio and run passes until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._label_loop)
+            await self._pass_loop()
+            nursery.cancel_scope.cancel()
+
+    async def _label_loop(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready = trio.Event()
+            while self._incoming:
+                item = self._incoming.popleft()
+                if isinstance(item, _Mark):
+                    self._mark(item)
+                else:
+                    events = await trio.to_thread.run_sync(self._vad.feed, item)
+                    self._num_incoming -= len(item)
+                    self._take(item, events)
+                self._work.set()
+                self._signal_progress()
+
+    async def _pass_loop(self) -> None:
+        while not self.failed:
+            job = self._next_job()
+            if job is None:
+                await self._work.wait()
+                self._work = trio.Event()
+                continue
+            try:
+                await job
+            except RillError as exc:  # the speech engine died or refused: one event, then nothing more
+                self.failed = True
+                self._emit(SpeechFailed(str(exc)))
+            self._signal_progress()
+
+    # -- labelled audio into segments -------------------------------------------------------------------
+
+    def _take(self, samples: np.ndarray, events: list[VadEvent]) -> None:
+        """`samples` (stream indices [end - len, end)) with the VAD's events in them."""
+        start = self._num_labelled
+        end = self._num_labelled = start + len(samples)
+        cursor = start
+        for event in events:
+            at = min(max(event.at_sample, cursor), end)
+            self._route(samples[cursor - start:at - start], cursor)
+            cursor = at
+            self._on_activity(event)
+        self._route(samples[cursor - start:], cursor)
+        self._cut_if_full()
+
+    def _route(self, piece: np.ndarray, at: int) -> None:
+        self._num_routed = at + len(piece)
+        if self._open is not None:
+            self._open.add(piece)
+            return
+        keep = self._padding_samples()  # the audio right before `at + len(piece)`, for an onset there
+        self._recent = np.concatenate([self._recent, piece])[-keep:] if keep else self._recent[:0]
+
+    def _padding_samples(self) -> int:
+        turn = self.config.turn_detection or TurnDetection()
+        return turn.prefix_padding_ms * SAMPLE_RATE // 1000
+
+    def _on_activity(self, event: VadEvent) -> None:
+        kind = event.kind
+        if kind in (Activity.SPEECH_STARTED, Activity.RESUMED):
+            self._open_segment(event)
+        elif kind is Activity.PAUSED:
+            self._close_segment()
+        elif kind is Activity.SPEECH_STOPPED and self.config.turn_detection is not None:
+            self._emit(SpeechStopped(event.at_sample * 1000 // SAMPLE_RATE))
+            self._closed.append(_TurnEnd(final=False))
+
+    def _open_segment(self, event: VadEvent) -> None:
+        pad, self._recent = self._recent, self._recent[:0]  # it ends where the onset was routed
+        segment = _Segment(start=self._num_routed - len(pad))
+        segment.add(pad.copy())
+        self._open = segment
+        if event.kind is Activity.SPEECH_STARTED and self.config.turn_detection is not None:
+            self._emit(SpeechStarted(segment.start * 1000 // SAMPLE_RATE))
+
+    def _close_segment(self) -> None:
+        if self._open is not None:
+            self._closed.append(self._open)
+            self._open = None
+
+    def _cut_if_full(self) -> None:
+        """A segment about to fill the model's window closes at its quietest point near the end; the
+        audio after that point opens the next segment."""
+        segment = self._open
+        limit = self.window_samples - int(WINDOW_MARGIN_S * SAMPLE_RATE)
+        if segment is None or segment.num_samples < limit:
+            return
+        audio = segment.samples()
+        cut = quietest_sample(audio, max(0, len(audio) - int(CUT_SEARCH_S * SAMPLE_RATE)))
+        cut = min(cut, limit)
+        head = _Segment(start=segment.start, agreement=segment.agreement)
+        head.add(audio[:cut])
+        self._closed.append(head)
+        rest = _Segment(start=segment.start + cut)
+        rest.add(audio[cut:].copy())
+        self._open = rest
+
+    def _mark(self, mark: _Mark) -> None:
+        if mark.kind == "clear":
+            self._generation += 1
+            self._open, self._closed = None, deque()
+            self._turn_words, self._turn_samples = [], 0
+            return
+        self._close_segment()
+        self._closed.append(_TurnEnd(final=mark.final))
+
+    # -- passes -------------------------------------------------------------------------------------
+
+    def _next_job(self):
+        if self._closed:
+            item = self._closed.popleft()
+            return self._end_turn(item) if isinstance(item, _TurnEnd) else self._final_pass(item)
+        segment = self._open
+        if segment is None or segment.num_samples < MIN_PASS_S * SAMPLE_RATE:
+            return None
+        if segment.num_samples - segment.num_passed_samples < self.config.pass_interval_s * SAMPLE_RATE:
+            return None
+        return self._interim_pass(segment)
+
+    async def _interim_pass(self, segment: _Segment) -> None:
+        generation, audio = self._generation, segment.samples()
+        segment.num_passed_samples = len(audio)
+        text = await self._decode(audio, segment.agreement.prefix)
+        if generation == self._generation:
+            self._commit(segment.agreement.insert(text, speaking=segment is self._open))
+
+    async def _final_pass(self, segment: _Segment) -> None:
+        generation, audio = self._generation, segment.samples()
+        text = await self._decode(audio, segment.agreement.prefix)
+        self.num_final_passes += 1
+        if generation == self._generation:
+            self._turn_samples += len(audio)
+            self._commit(segment.agreement.finish(text))
+
+    async def _end_turn(self, end: _TurnEnd) -> None:
+        text = "".join(self._turn_words).strip()
+        audio_s = self._turn_samples / SAMPLE_RATE
+        self._turn_words, self._turn_samples = [], 0
+        self._emit(TranscriptDone(text, audio_s, end.final))
+
+    def _commit(self, words: list[str]) -> None:
+        if not words:
+            return
+        text = "".join(words)
+        if not self._turn_words:
+            text = text.lstrip()
+        self._turn_words += words
+        if text:
+            self._emit(TranscriptDelta(text))
+
+    async def _decode(self, audio: np.ndarray, prefix: str) -> str:
+        """One pass through the speech worker -> the text after `prefix`, its leading space kept."""
+        self.num_passes += 1
+        seconds = len(audio) / SAMPLE_RATE
+        params = TranscribeParams(language=self.config.language, prompt=self.config.prompt, prefix=prefix or None,
+                                  max_new_tokens=MIN_TOKENS + math.ceil(TOKENS_PER_S * seconds))
+        async for delta in self.speech.transcribe(audio[:self.window_samples], params):
+            if delta.finished is not None:
+                return self._tokenizer.decode(delta.finished.token_ids)
+        raise RillError("the speech engine ended a pass without a transcription")
