@@ -132,7 +132,8 @@ class EngineCore:
                     matcher=None if params.grammar is None else params.grammar.new_matcher(),
                 )
             )
-            seqs[-1].mm_items, seqs[-1].mrope = tuple(mm_items), layout
+            if mm_items:  # only then: a text sequence keeps the class defaults (Sequence.mm_items)
+                seqs[-1].mm_items, seqs[-1].mrope = tuple(mm_items), layout
         self.requests[request_id] = seqs
         return seqs
 

@@ -52,6 +52,9 @@ class Scheduler:
         self.parked: list[Sequence] = []  # idle sessions preempted under pressure, back on new input
         self.num_preemptions = 0
         self.vision = None  # engine/vision_step.VisionStep for a model that reads images
+        # unfinished sequences with images: the step loop tests this set, empty for text, rather than
+        # an attribute of every sequence (a text engine's decode step pays one truth test)
+        self.mm_seqs: set[Sequence] = set()
 
     @property
     def num_unfinished(self) -> int:
@@ -59,11 +62,14 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        if seq.mm_items:
+            self.mm_seqs.add(seq)
 
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its blocks."""
         if seq.mm_items:
             self.vision.release(seq)
+            self.mm_seqs.discard(seq)
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self.block_manager.free(seq)
@@ -78,7 +84,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         if self.vision is not None:
             self.vision.begin()
-        running_status, bs = Status.RUNNING, self.block_manager.block_size
+        running_status, bs, mm_seqs = Status.RUNNING, self.block_manager.block_size, self.mm_seqs
+        any_mm = bool(mm_seqs)  # a bool local: the cheapest test the loop below can make per sequence
         seqs, counts, computed_before, sampling = batch.seqs, batch.num_new_tokens, batch.num_computed, batch.sampling
         # This loop runs for every running sequence on every step, so ScheduledBatch.add is inline
         # for a sequence whose input is complete (the common case; an open streaming session may
@@ -91,7 +98,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if seq.input_open:
                 num_new = min(seq.num_pending_tokens, budget)
-                if num_new and seq.mm_items:
+                if any_mm and num_new and seq in mm_seqs:
                     num_new = self._clip_for_vision(seq, num_new, batch)
                 if num_new and self._fit(seq, num_new, batch):
                     batch.add(seq, num_new)
@@ -104,7 +111,7 @@ class Scheduler:
             samples = num_new <= budget  # the chunk reaches the end of the known tokens
             if not samples:
                 num_new = budget
-            if seq.mm_items:
+            if any_mm and seq in mm_seqs:
                 clipped = self._clip_for_vision(seq, num_new, batch)
                 if clipped < num_new:
                     num_new, samples = clipped, False
