@@ -149,6 +149,8 @@ class EngineCore:
                     t != self.mm_inputs.placeholder(item.kind) for t in prompt_token_ids[item.offset : item.end]):
                 raise ValidationError(f"a {item.kind}'s placeholders are not at prompt[{item.offset}:{item.end}]",
                                       param="multi_modal_data")
+        if self.model_config.mrope_section is None:  # LLaVA: plain 1-D positions, images or not
+            return None
         return MRopeLayout(len(prompt_token_ids), list(mm_items), self.model_config.vision.merge_size)
 
     def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams) -> Detokenizer:

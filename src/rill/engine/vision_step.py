@@ -108,4 +108,8 @@ def start_vision(model_dir, model_config, model, config):
 
     budget = config.max_num_encoder_tokens or config.max_num_batched_tokens
     cache = EncoderCache(config.encoder_cache_tokens or 4 * budget)
+    if model_config.architecture == "LlavaForConditionalGeneration":
+        from rill.multimodal.llava_inputs import LlavaInputs
+
+        return LlavaInputs.from_dir(model_dir, model_config.vision), VisionStep(model, cache, budget)
     return Qwen2VLInputs.from_dir(model_dir, model_config.vision), VisionStep(model, cache, budget)

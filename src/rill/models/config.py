@@ -196,6 +196,9 @@ SUPPORTED_ARCHITECTURES += GEMMA_ARCHITECTURES
 # Qwen2-VL and Qwen2.5-VL read a text config and a vision config (qwen2_vl_config.py).
 QWEN2_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 SUPPORTED_ARCHITECTURES += QWEN2_VL_ARCHITECTURES
+# LLaVA: a CLIP or SigLIP tower and a projector over a Llama-family decoder (llava_config.py).
+LLAVA_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+SUPPORTED_ARCHITECTURES += LLAVA_ARCHITECTURES
 
 
 def load_model_config(model_dir: Path, generation: dict | None = None, dtype: str | None = None) -> ModelConfig:
@@ -220,6 +223,10 @@ def load_model_config(model_dir: Path, generation: dict | None = None, dtype: st
         from rill.models.qwen2_vl_config import load_qwen2_vl_config
 
         return load_qwen2_vl_config(cfg, arch, file, generation or {}, dtype)
+    if arch in LLAVA_ARCHITECTURES:
+        from rill.models.llava_config import load_llava_config
+
+        return load_llava_config(cfg, arch, file, generation or {}, dtype)
     return config_from_dict(cfg, arch, file, generation, dtype)
 
 

@@ -88,8 +88,8 @@ def _prefix(name: str, text_prefix: str) -> str:
     """Where a parameter's checkpoint name starts: lm_head at the top; Qwen2-VL's vision tower at the
     top ("visual.") beside "model.", or under "model." where the decoder is "model.language_model."."""
     if name.startswith("lm_head"):
-        return ""
-    if name.startswith("visual."):
+        return "language_model." if text_prefix == "language_model.model." else ""  # LLaVA as transformers 4 saves it
+    if name.startswith(("visual.", "vision_tower.", "multi_modal_projector.")):
         return "model." if text_prefix == "model.language_model." else ""
     return text_prefix
 
@@ -116,6 +116,8 @@ def _part_rows(name: str, cfg: ModelConfig) -> list[int] | None:
 def _checkpoint_parts(name: str, rows: int, ckpt: _Checkpoint, cfg: ModelConfig, text_prefix: str):
     """(checkpoint tensor, its rows) in the order their concatenation fills our parameter `name`."""
     own = _prefix(name, text_prefix) + name
+    if own not in ckpt and ".vision_tower." in f".{own}":  # LLaVA's CLIPVisionModel keeps its tower in "vision_model."
+        own = own.replace("vision_tower.", "vision_tower.vision_model.", 1)
     if own in ckpt:  # stored as rill stores it: Phi-3 ships qkv_proj and gate_up_proj fused
         return [(own, rows)]
     experts = expert_checkpoint_names(name, cfg)  # Mixtral, Qwen3-MoE: one tensor per expert
@@ -151,6 +153,10 @@ def _model_class(cfg: ModelConfig) -> type[torch.nn.Module]:
         return Phi3CausalLM
     if cfg.moe is not None:
         return MoeCausalLM
+    if cfg.architecture == "LlavaForConditionalGeneration":
+        from rill.models.llava import LlavaModel
+
+        return LlavaModel
     if cfg.vision is not None:
         from rill.models.qwen2_vl import Qwen2VLModel
 
@@ -172,7 +178,7 @@ def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        if name == "lm_head.weight" and "lm_head.weight" not in ckpt:
+        if name == "lm_head.weight" and _prefix(name, text_prefix) + name not in ckpt:
             raise ModelLoadError(f"{model_dir}: 'lm_head.weight' missing and tie_word_embeddings is false")
         _load_param(param, name, ckpt, cfg, text_prefix)
     return model.eval()
