@@ -11,24 +11,29 @@ ends the engine as a dead engine ends: every request an error, /health 503, no h
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import random
 import signal
 import subprocess
 import sys
 
 import httpx
+import msgspec
 import pytest
 import trio
 
 from helpers_families import make_family_dir
 from helpers_models import make_model_dir
-from helpers_server import one_torch_thread, running_server, wait_for  # noqa: F401 (fixture)
+from helpers_server import one_torch_thread, parse_sse, running_server  # noqa: F401 (fixture)
 from rill import LLM
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.engine.core import EngineCore
 from rill.errors import EngineDeadError, ModelLoadError, RankFailedError
+from rill.models.config import load_model_config
+from rill.models.parallel import shard_config
 from rill.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
@@ -136,3 +141,151 @@ def test_two_ranks_answer_token_for_token_as_one_process(tmp_path, kind):
     assert_same(one, two)
     assert preempted_one > 0 and preempted_two == preempted_one  # the same schedule, KV pressure included
     assert one["late"] and free_two == free_one  # every block back (the prefix cache keeps freed ones)
+
+
+# -- rill-tiny through the command line ------------------------------------------------------------------
+
+
+def test_rill_tiny_answers_the_same_through_rill_chat_with_two_ranks():
+    questions = ["What is 347 + 58?", "Reverse the word: stream", "Uppercase: hello world"]
+    expected = ["347 + 58 = 405", "maerts", "HELLO WORLD"]
+    with LLM("rill-tiny") as llm:
+        one = [o.outputs[0].text for o in llm.chat([[{"role": "user", "content": q}] for q in questions],
+                                                     SamplingParams(temperature=0, max_tokens=64))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "rill", "chat", "--tensor-parallel-size", "2", "--json",
+                           "--max-tokens", "64", *questions], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    two = [msgspec.json.decode(line)["text"] for line in done.stdout.splitlines()]
+    assert two == one
+    assert all(answer.endswith(e) for answer, e in zip(two, expected)), two
+
+
+# -- a rank that dies ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mistral_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tp-mistral"), "mistral")
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+async def test_a_rank_killed_mid_stream_ends_it_with_an_error_then_health_is_503(mistral_dir):
+    async with running_server(mistral_dir, tensor_parallel_size=2) as server, \
+            httpx.AsyncClient(base_url=server.url) as client:
+        pids = rank_pids(server.engine.core)
+        body = {"messages": HI, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        raw = ""
+        with trio.fail_after(60):
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for text in response.aiter_text():
+                    raw += text
+                    if '"content"' in raw and is_running(pids[0]):
+                        os.kill(pids[0], signal.SIGKILL)
+        frames = parse_sse(raw)
+        assert frames[-1].event == "error" and all(f.data != "[DONE]" for f in frames)
+        assert "tensor-parallel rank 1" in frames[-1].json["error"]["message"]
+        health = await client.get("/health")
+        assert health.status_code == 503
+        late = await client.post("/v1/chat/completions", json={"messages": HI})
+        assert late.status_code == 503 and late.json()["error"]["code"] == "engine_dead"
+    assert_gone(pids)
+
+
+async def test_a_rank_killed_while_the_engine_idles_kills_the_engine_at_once(mistral_dir):
+    config = EngineConfig(model=str(mistral_dir), num_kv_blocks=64, tensor_parallel_size=2)
+    async with open_engine(config) as engine:
+        (pid,) = rank_pids(engine.core)
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(10):
+            await engine.died.wait()
+        assert isinstance(engine.dead, RankFailedError) and "tensor-parallel rank 1" in str(engine.dead)
+        with pytest.raises(EngineDeadError):
+            engine.submit("late", [5, 6, 7], GREEDY)
+    assert_gone([pid])
+
+
+def test_offline_generate_after_a_rank_died_raises_instead_of_waiting(mistral_dir):
+    with LLM(str(mistral_dir), num_kv_blocks=64, tensor_parallel_size=2) as llm:
+        (pid,) = rank_pids(llm.engine)
+        assert llm.generate([[5, 6, 7]], GREEDY)[0].outputs[0].token_ids  # works while the rank lives
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RankFailedError):
+            for _ in range(100):  # the monitor notices within a moment; until then the pipe or gloo does
+                llm.generate([[5, 6, 7]], GREEDY)
+    assert_gone([pid])
+
+
+# -- what is refused before any process starts ------------------------------------------------------------
+
+
+def test_sizes_that_do_not_split_the_model_are_refused_before_spawning(mistral_dir):
+    with pytest.raises(ModelLoadError, match="does not divide num_attention_heads 4"):
+        EngineCore(EngineConfig(model=str(mistral_dir), num_kv_blocks=8, tensor_parallel_size=3))
+    twelve_heads = dataclasses.replace(load_model_config(mistral_dir), num_heads=12, num_kv_heads=3,
+                                       intermediate_size=120)
+    with pytest.raises(ModelLoadError, match="neither a divisor nor a multiple of num_key_value_heads 3"):
+        shard_config(twelve_heads, 4)
+    assert shard_config(twelve_heads, 6).num_kv_heads == 1  # each of 3 heads on 2 ranks
+    assert shard_config(twelve_heads, 3).num_heads == 4
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        EngineConfig(tensor_parallel_size=0)
+
+
+# -- the pieces, without processes -----------------------------------------------------------------------
+
+
+def test_a_step_travels_as_a_skeleton_and_one_buffer_and_comes_back_equal():
+    import torch
+
+    from rill.distributed import wire
+    from rill.models.attention import AttentionMetadata
+
+    lens, starts = torch.tensor([5], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32)
+    groups = [AttentionMetadata(torch.arange(5) + 16 * g, torch.tensor([[g, 3]], dtype=torch.int32), lens, starts, 5)
+              for g in range(2)]  # two KV groups, as ModelRunner._prepare_groups builds them
+    meta = AttentionMetadata(None, None, lens, starts, 5, layers=(groups[0], groups[1], groups[0]))
+    hidden = torch.randn(3, 7, dtype=torch.bfloat16)
+    args = (torch.tensor([9, 8, 7, 6, 5]), torch.arange(5), meta, hidden)
+    skeleton, tensors, num_bytes = wire.split(args)
+    assert len(tensors) == 9 and num_bytes % wire.ALIGN_BYTES == 0  # shared tensors and groups sent once
+    back = wire.fill(pickle.loads(pickle.dumps(skeleton)), wire.pack(tensors, num_bytes, torch.device("cpu")))
+    ids, pos, meta2, hidden2 = back
+    assert torch.equal(ids, args[0]) and torch.equal(pos, args[1]) and torch.equal(hidden2, hidden)
+    assert hidden2.dtype == torch.bfloat16 and meta2.block_tables is None and meta2.max_query_len == 5
+    assert meta2.layers[0] is meta2.layers[2] and meta2.layers[0] is not meta2.layers[1]
+    for got, want in zip(meta2.layers, meta.layers):
+        assert torch.equal(got.slot_mapping, want.slot_mapping) and torch.equal(got.block_tables, want.block_tables)
+        assert got.block_tables.dtype == torch.int32
+
+
+def test_each_rank_gets_its_heads_its_vocabulary_rows_and_the_replicated_rest(mistral_dir):
+    import torch
+
+    from rill.models.parallel_loader import RankSlicer
+
+    cfg = dataclasses.replace(load_model_config(mistral_dir), num_heads=4, num_kv_heads=2, head_dim=2, vocab_size=7)
+    q, k = torch.arange(8.0)[:, None], torch.arange(4.0)[:, None]  # rows: 4 heads x 2, 2 heads x 2
+    for rank, (q_rows, kv_rows) in enumerate([([0, 1, 2, 3], [0, 1]), ([4, 5, 6, 7], [2, 3])]):
+        cut = RankSlicer(cfg, rank, 2)
+        assert cut("layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.q_proj.weight", q)[:, 0].tolist() \
+            == q_rows
+        assert cut("layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.k_proj.weight", k)[:, 0].tolist() \
+            == kv_rows
+    for rank in range(4):  # 4 ranks, 2 KV heads: ranks 0, 1 hold head 0; ranks 2, 3 head 1
+        kv = RankSlicer(cfg, rank, 4)("layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.v_proj.weight", k)
+        assert kv[:, 0].tolist() == [[0, 1], [2, 3]][rank // 2]
+    fused = torch.cat([q, k, k + 10])  # Phi-3's fused qkv: each part cut at the whole model's sizes
+    assert RankSlicer(cfg, 1, 2)("layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.qkv_proj.weight",
+                                 fused)[:, 0].tolist() == [4, 5, 6, 7, 2, 3, 12, 13]
+    vocab = torch.arange(7.0)[:, None].expand(7, 3)  # 7 rows over 2 ranks: 4 each, the last padded with 0
+    last = RankSlicer(cfg, 1, 2)("embed_tokens.weight", "model.embed_tokens.weight", vocab)
+    assert last[:, 0].tolist() == [4, 5, 6, 0]
+    down = torch.arange(12.0).view(3, 4)
+    assert RankSlicer(cfg, 1, 2)("layers.0.mlp.down_proj.weight", "model.layers.0.mlp.down_proj.weight",
+                                 down).tolist() == [[2, 3], [6, 7], [10, 11]]
+    norm = torch.ones(5)
+    assert RankSlicer(cfg, 1, 2)("layers.0.input_layernorm.weight", "model.layers.0.input_layernorm.weight",
+                                 norm) is norm

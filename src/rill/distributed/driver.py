@@ -9,6 +9,8 @@ broadcasts each step's model input and nano-vllm's rank 0 hands its workers the 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from rill.distributed import wire
@@ -38,14 +40,27 @@ class TensorParallelModel:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,
                  meta: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [T] -> hidden [T, hidden], whole on every rank
-        self._send(wire.Forward, (input_ids, positions, meta))
-        return self.model(input_ids, positions, kv_caches, meta)
+        with self._rank_deaths():
+            self._send(wire.Forward, (input_ids, positions, meta))
+            return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden [N, hidden] -> [N, vocab] on rank 0. Every rank holds the same hidden states, but
         # only rank 0 knows which rows the sampler wants: it sends them (N x hidden, one all-reduce's size).
-        self._send(wire.Logits, (hidden,))
-        return self.model.compute_logits(hidden)
+        with self._rank_deaths():
+            self._send(wire.Logits, (hidden,))
+            return self.model.compute_logits(hidden)
+
+    @contextmanager
+    def _rank_deaths(self):
+        """A collective that failed because a rank died raises RankFailedError naming the rank."""
+        try:
+            yield
+        except RuntimeError as exc:
+            death = self.ranks.death(exc)
+            if death is None:
+                raise
+            raise death from exc
 
     def _send(self, kind, args) -> None:
         skeleton, tensors, num_bytes = wire.split(args)

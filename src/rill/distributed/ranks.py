@@ -27,6 +27,7 @@ from rill.errors import RankFailedError
 log = logging.getLogger("rill.distributed")
 
 STOP_TIMEOUT_S = 10.0  # a rank told to stop gets this long before it is terminated
+DEATH_GRACE_S = 1.0  # after a collective failed: how long a peer may take to finish exiting
 
 
 class Ranks:
@@ -79,7 +80,22 @@ class Ranks:
             for conn in self.conns:
                 conn.send(msg)
         except OSError as exc:
-            raise self.failure or RankFailedError(f"a tensor-parallel rank is gone: {exc!r}") from exc
+            raise self.death(exc) or exc from exc
+
+    def death(self, exc: BaseException) -> RankFailedError | None:
+        """The error to raise for exc (a broken pipe, a collective that failed) when a rank died:
+        which rank. None when every rank lives (exc is rank 0's own)."""
+        if self.failure is not None:
+            return self.failure
+        dead = self._exited(DEATH_GRACE_S)  # a peer's socket closes as it exits: allow it to finish
+        return None if dead is None else _rank_exited(*dead, cause=f": {exc}")
+
+    def _exited(self, timeout: float | None) -> tuple[int, object] | None:
+        """(rank, process) of a rank that has exited, waiting up to timeout for one; None if none did.
+        Read from the sentinels: is_alive() would race with the monitor thread's reaping."""
+        sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self.procs, start=1)}
+        ready = wait(list(sentinels), timeout)
+        return next((sentinels[s] for s in ready), None)
 
     def watch(self, on_failure: Callable[[BaseException], None]) -> None:
         """on_failure(error), from the monitor thread, when a rank dies (at once if one has)."""
@@ -98,10 +114,7 @@ class Ranks:
         ready = wait([*sentinels, self._wake_r])
         if self._closing or self._wake_r in ready:
             return
-        rank, proc = next(sentinels[s] for s in ready if s in sentinels)
-        proc.join(1.0)
-        self.failure = RankFailedError(f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code "
-                                       f"{proc.exitcode}")
+        self.failure = _rank_exited(*next(sentinels[s] for s in ready if s in sentinels))
         log.error("%s: the engine is dead", self.failure)
         on_death()
         for listener in self._listeners:
@@ -137,6 +150,12 @@ def _stop_all(procs, conns, wake_r: int, wake_w: int) -> None:
         conn.close()
     os.close(wake_r)
     os.close(wake_w)
+
+
+def _rank_exited(rank: int, proc, cause: str = "") -> RankFailedError:
+    proc.join(1.0)  # reaped here or by another thread: its exit code is known after either
+    code = "" if proc.exitcode is None else f" with code {proc.exitcode}"
+    return RankFailedError(f"tensor-parallel rank {rank} (pid {proc.pid}) exited{code}{cause}")
 
 
 def _last_line(text: str) -> str:

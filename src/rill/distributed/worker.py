@@ -69,7 +69,8 @@ def _serve(spec: WorkerSpec, conn) -> None:
     msg = conn.recv()
     if not isinstance(msg, wire.AllocateKV):
         return
-    kv_caches = ModelRunner(model, msg.num_blocks, msg.block_size, None, KVLayout.for_windows(cfg.layer_windows)).kv_caches
+    layout = KVLayout.for_windows(cfg.layer_windows)
+    kv_caches = ModelRunner(model, msg.num_blocks, msg.block_size, None, layout).kv_caches
     conn.send(wire.Ready())
     with torch.inference_mode():
         _loop(conn, group, model, kv_caches)

@@ -48,12 +48,12 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
         need.append(("moe intermediate_size", cfg.moe.intermediate_size))
     if cfg.num_kv_heads >= size:
         need.append(("num_key_value_heads", cfg.num_kv_heads))
-    elif size % cfg.num_kv_heads:
-        raise ModelLoadError(f"tensor_parallel_size {size} is neither a divisor nor a multiple of "
-                             f"num_key_value_heads {cfg.num_kv_heads}")
     for name, value in need:
         if value % size:
             raise ModelLoadError(f"tensor_parallel_size {size} does not divide {name} {value}")
+    if cfg.num_kv_heads < size and size % cfg.num_kv_heads:
+        raise ModelLoadError(f"tensor_parallel_size {size} is neither a divisor nor a multiple of "
+                             f"num_key_value_heads {cfg.num_kv_heads}")
 
 
 def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
