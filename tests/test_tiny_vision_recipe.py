@@ -1,0 +1,242 @@
+"""rill-tiny-vision's recipe: pictures and clips deterministic from the seed, held-out combination keys,
+answers true by construction, pixels as transformers' processors make them, a template transformers
+renders as the recipe does, a training smoke run that transformers and rill's engine both run (greedy
+equal), and the shipped model's held-out table."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rill.tiny_vision import dataset, draw, evaluate, splits, tasks
+from rill.tiny_vision import model as shapes
+from rill.tiny_vision import tokenizer as tok
+from rill.tiny_vision import train as recipe
+
+torch.set_num_threads(1)
+ASSETS = evaluate.DEFAULT_MODEL_DIR
+SMOKE_SHAPE = dict(vision_dim=32, vision_depth=1, vision_heads=2, hidden_size=32, layers=1, heads=2, kv_heads=1,
+                   intermediate_size=64)
+
+
+def _examples(split: str, n: int, seed: int = 0) -> list[tasks.Example]:
+    rng = random.Random(seed)
+    return [tasks.make(rng, tasks.FAMILIES[i % len(tasks.FAMILIES)], split) for i in range(n)]
+
+
+def test_same_seed_gives_the_same_pictures_and_clips():
+    for a, b in zip(_examples(splits.TRAIN, 14, seed=3), _examples(splits.TRAIN, 14, seed=3)):
+        assert (a.question, a.answer, a.key) == (b.question, b.answer, b.key)
+        if a.image is not None:
+            assert a.image.tobytes() == b.image.tobytes()
+        else:
+            assert np.array_equal(a.frames, b.frames)
+    assert [e.key for e in tasks.eval_examples(0, "number", 20)] == [e.key for e in tasks.eval_examples(0, "number", 20)]
+
+
+def test_training_never_draws_a_held_out_combination_and_evaluation_only_those():
+    assert all(splits.split_of(e.key) == splits.TRAIN for e in _examples(splits.TRAIN, 140))
+    for family in tasks.FAMILIES:
+        held = tasks.eval_examples(0, family, 10)
+        assert all(splits.split_of(e.key) == splits.EVAL for e in held)
+        assert all(e.question == tasks.QUESTIONS[family][0] for e in held)  # the canonical wording
+
+
+def test_answers_are_true_by_construction():
+    for e in _examples(splits.TRAIN, 70) + [x for f in tasks.FAMILIES for x in tasks.eval_examples(1, f, 5)]:
+        fields = e.key.split("|")
+        assert fields[0] == e.family
+        if e.family in ("colour", "clip_colour"):
+            assert e.answer == fields[1] and e.answer in draw.COLOURS
+        elif e.family in ("count", "flashes"):
+            assert e.answer == fields[1] and 1 <= int(e.answer) <= (5 if e.family == "count" else 4)
+        elif e.family == "number":
+            assert e.answer == fields[1] and 0 <= int(e.answer) <= 999
+        elif e.family == "left_of":
+            assert e.answer in draw.SHAPES and e.answer != "star"
+        elif e.family == "last_digit":
+            assert e.answer == fields[1][-1]
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 4])
+def test_flash_sequences_have_exactly_the_counted_runs(runs):
+    rng = random.Random(runs)
+    for _ in range(50):
+        states = tasks.runs_sequence(rng, 16, runs)
+        if states is not None:
+            assert len(states) == 16
+            assert sum(1 for i, s in enumerate(states) if s and (i == 0 or not states[i - 1])) == runs
+
+
+def test_clips_are_even_uint8_frames_of_the_frame_size():
+    for e in _examples(splits.TRAIN, 70):
+        if e.frames is not None:
+            t, h, w, c = e.frames.shape
+            assert t % 2 == 0 and (h, w, c) == (tasks.FRAME_SIZE, tasks.FRAME_SIZE, 3) and e.frames.dtype == np.uint8
+
+
+def test_picture_pixels_equal_transformers_image_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    config = shapes.image_processor_config(shapes.Shape())
+    processor = Qwen2VLImageProcessorPil(**{k: v for k, v in config.items()
+                                            if k not in ("image_processor_type", "processor_class", "min_pixels",
+                                                         "max_pixels")})
+    pictures = [e for e in _examples(splits.TRAIN, 120) if e.image is not None]
+    assert {e.image.size for e in pictures} >= {(64, 64), (48, 64), (64, 48)}  # square and 4:3 both ways
+    for e in pictures:
+        expected = processor(images=[e.image], return_tensors="pt")
+        ours, grid = dataset.pixels_of(e, shapes.Shape())
+        assert expected["image_grid_thw"][0].tolist() == grid  # the picture is at a size the processor keeps
+        torch.testing.assert_close(ours, expected["pixel_values"], rtol=0, atol=1e-6)
+
+
+def test_clip_pixels_equal_rills_video_processor():
+    from rill.multimodal.qwen2_vl_processor import PixelConfig, process_video
+
+    cfg = PixelConfig.from_dict(shapes.video_processor_config(shapes.Shape()))
+    for e in _examples(splits.TRAIN, 70):
+        if e.frames is not None:
+            ours, grid = dataset.pixels_of(e, shapes.Shape())
+            theirs = process_video(e.frames, cfg)
+            assert tuple(grid) == theirs.grid_thw
+            torch.testing.assert_close(ours, theirs.values, rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tok.train_tokenizer(recipe.tokenizer_texts(0, 400))
+
+
+def test_tokenizer_has_qwen2_vl_special_tokens_and_single_digit_numbers(tokenizer):
+    for token in tok.SPECIAL_TOKENS:
+        assert tokenizer.encode(token, add_special_tokens=False).ids == [tokenizer.token_to_id(token)]
+    assert len(tokenizer.encode("472", add_special_tokens=False).ids) == 3
+    text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What colour is the circle?<|im_end|>\n"
+    assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text
+
+
+@pytest.mark.parametrize("text_first", [False, True])
+def test_transformers_renders_the_chat_template_as_the_recipe_does(tmp_path, tokenizer, text_first):
+    from transformers import AutoTokenizer
+
+    tok.save_tokenizer(tokenizer, tmp_path)
+    hf = AutoTokenizer.from_pretrained(tmp_path)
+    for e in _examples(splits.TRAIN, 14):
+        rendered = hf.apply_chat_template(dataset.messages(e, text_first), add_generation_prompt=True, tokenize=False)
+        assert rendered == dataset.prompt_text(e, text_first)
+    assert hf.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny-vision")
+    args = ["--out", str(out), "--steps", "3", "--batch-size", "6", "--warmup", "1", "--threads", "1"]
+    for name, value in SMOKE_SHAPE.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    assert recipe.main(args) == 0
+    return out
+
+
+def test_training_writes_a_directory_transformers_loads(smoke_dir):
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    record = json.loads((smoke_dir / "training_run.json").read_text())
+    assert record["steps"] == 3 and record["examples_seen"] == 18 and len(record["losses_every_10_steps"]) == 2
+    model = Qwen2VLForConditionalGeneration.from_pretrained(smoke_dir)
+    assert model.config.vision_config.patch_size == 8 and model.config.image_token_id == 5
+    assert AutoTokenizer.from_pretrained(smoke_dir).convert_tokens_to_ids("<|video_pad|>") == 6
+    assert AutoImageProcessor.from_pretrained(smoke_dir).size["longest_edge"] == tasks.IMAGE_SIZE**2
+    assert (smoke_dir / "video_preprocessor_config.json").is_file()
+
+
+def test_rill_runs_the_recipe_model_as_transformers_does(smoke_dir, tmp_path):
+    """rill's Qwen2-VL runtime on the recipe's directory (weights spread so greedy output varies):
+    greedy equal to transformers' generate for a picture and for a clip (rill's processors read the
+    saved configs)."""
+    import shutil
+
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from rill.config import EngineConfig
+    from rill.engine.core import EngineCore
+    from rill.multimodal.qwen2_vl_inputs import VideoClip
+    from rill.sampling_params import SamplingParams
+
+    spread = tmp_path / "spread"
+    shutil.copytree(smoke_dir, spread)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(smoke_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(spread)
+    hf = evaluate.TransformersBackend(spread)
+    core = EngineCore(EngineConfig(model=str(spread)))
+    for e in (tasks.eval_examples(0, "colour", 1)[0], tasks.eval_examples(0, "flashes", 1)[0]):
+        ids, extra = hf.inputs(e)
+        kind, media = ("video", VideoClip(e.frames)) if e.frames is not None else ("image", e.image)
+        prompt = core.tokenizer.encode(dataset.prompt_text(e), add_special_tokens=False)
+        rill_ids, items = core.mm_inputs.expand(prompt, [core.mm_inputs.item(kind, media)])
+        assert rill_ids == ids
+        core.add_request("r", rill_ids, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), items)
+        ours = []
+        while core.has_work:
+            for delta in core.step():
+                ours += delta.token_ids
+        ids_t = torch.tensor([ids])
+        types = (ids_t == 5).long() + 2 * (ids_t == 6).long()
+        out = hf.model.generate(input_ids=ids_t, attention_mask=torch.ones_like(ids_t), mm_token_type_ids=types,
+                                **extra, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        assert ours == out[0, len(ids):].tolist() and len(set(ours)) > 1
+
+
+def test_eval_reports_every_family(smoke_dir, tmp_path, capsys):
+    report = tmp_path / "eval.json"
+    code = evaluate.main(["--model", str(smoke_dir), "--per-family", "2", "--json", str(report)])
+    table = json.loads(report.read_text())["table"]
+    assert set(table) == set(tasks.FAMILIES) and all(row["total"] == 2 for row in table.values())
+    assert code == (0 if all(row["accuracy"] >= evaluate.BAR for row in table.values()) else 1)
+    assert "| family | question | correct | accuracy |" in capsys.readouterr().out
+
+
+needs_assets = pytest.mark.skipif(not (ASSETS / "model.safetensors").is_file(), reason="rill-tiny-vision not shipped")
+
+
+@needs_assets
+def test_shipped_model_is_small_and_loads_in_transformers():
+    from transformers import Qwen2VLForConditionalGeneration
+
+    assert sum(p.stat().st_size for p in ASSETS.iterdir()) < 16 << 20
+    assert Qwen2VLForConditionalGeneration.from_pretrained(ASSETS).config.model_type == "qwen2_vl"
+
+
+@needs_assets
+def test_shipped_model_names_the_colour_of_a_drawn_circle_through_rill():
+    from PIL import Image, ImageDraw
+
+    from rill.offline import LLM
+    from rill.sampling_params import SamplingParams
+
+    llm = LLM(model=str(ASSETS))
+    answers = {}
+    for colour, rgb in (("red", (220, 30, 30)), ("blue", (30, 70, 225)), ("green", (30, 160, 40))):
+        image = Image.new("RGB", (200, 150), "white")
+        ImageDraw.Draw(image).ellipse((60, 35, 140, 115), fill=rgb)
+        messages = [{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
+                                                 {"type": "text", "text": "What colour is the circle?"}]}]
+        answers[colour] = llm.chat(messages, SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].text.strip()
+    assert answers == {"red": "red", "blue": "blue", "green": "green"}
+
+
+@pytest.mark.slow
+@needs_assets
+@pytest.mark.parametrize("backend", ["transformers", "rill"])
+def test_shipped_model_meets_the_bar_on_every_held_out_family(backend):
+    runner = evaluate.TransformersBackend(ASSETS) if backend == "transformers" else evaluate.RillBackend(ASSETS)
+    table = evaluate.evaluate(runner, 0, 100)
+    assert all(row["accuracy"] >= evaluate.BAR for row in table.values()), table
