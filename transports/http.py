@@ -40,6 +40,7 @@ from rill.openai.responses_api.config import ResponsesConfig
 from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
 from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
+from rill.scaling.replica import id_prefix
 from rill.sessions import SessionManager, StreamingInputConfig
 from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
 from rill.transports import hypercorn_ws
@@ -82,6 +83,8 @@ class ServerConfig:
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)  # stored and background responses
     media: MediaPolicy = field(default_factory=MediaPolicy)  # image/video sources and limits (rill.media)
     limit_mm_per_prompt: dict[str, int] | None = None  # images, videos per prompt (None: chat_media's defaults)
+    # behind a load balancer (rill.scaling): session and stored-response ids start with "NAME."
+    replica_id: str | None = None
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -106,6 +109,7 @@ class ServerConfig:
             responses=ResponsesConfig.from_env(),
             media=MediaPolicy.from_env(),
             limit_mm_per_prompt=parse_limits(env("RILL_LIMIT_MM_PER_PROMPT", "")),
+            replica_id=env("RILL_REPLICA_ID") or None,
         )
 
     def serving_options(self) -> ServingOptions:
@@ -127,7 +131,8 @@ class AppState:
         self.speech = None  # rill.transports.audio_http.SpeechServing, set by create_app
         self.responses = None  # rill.openai.responses_api.background.Responses, set by create_app
         self._stop = trio.Event()
-        self.sessions = SessionManager(server.streaming_input)  # its reaper runs in the app's nursery
+        self.id_prefix = id_prefix(server.replica_id)  # "NAME." on the ids of state this replica holds
+        self.sessions = SessionManager(server.streaming_input, id_prefix=self.id_prefix)  # reaper: app nursery
         attach_streaming_input(self.sessions)
         self.metrics.attach_sessions(self.sessions)
         self.open_paths = OPEN_PATHS  # routes that need no API key; the web page's files join them
@@ -243,6 +248,14 @@ async def _log_request(response: Response) -> Response:
     if current_trace.get() is None:
         total_ms = (time.monotonic() - g.rill_start_s) * 1e3
         log.info("%s %s status=%d total_ms=%.1f", request.method, request.path, response.status_code, total_ms)
+    return response
+
+
+@api.after_app_request
+async def _name_replica(response: Response) -> Response:
+    """X-Rill-Replica: which replica answered, behind a load balancer (rill serve --replica-id)."""
+    if (name := _state().server.replica_id) is not None:
+        response.headers["X-Rill-Replica"] = name
     return response
 
 

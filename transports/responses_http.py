@@ -24,6 +24,7 @@ from rill.openai.responses_api.run import (
     ResponseJob, ResponseRun, ResponsesContext, new_response_id, prepare_response,
 )
 from rill.openai.serving import api_error
+from rill.scaling.replica import ROUTED_HEADER, redirect_for
 from rill.transports.http import _as_api_error, _error, _json, _sse, _state
 from rill.transports.responses_store_http import follow_frames, join_session_response
 from rill.transports.streaming_input import owner
@@ -42,6 +43,8 @@ def _context() -> ResponsesContext:
 async def create_response() -> Response:
     ctx = _context()
     body = await request.get_data()  # past the body limit: a 413 from the app's handler
+    if (moved := redirect_for(_state().server.replica_id, body, ENDPOINT, ROUTED_HEADER in request.headers)):
+        return Response(b"", status=307, headers={"Location": moved})  # another replica's state (rill.scaling)
     if (joined := await join_session_response(ctx, body)) is not None:  # a Mode B session's answer (item 5)
         return joined
     trace = ctx.serving.new_trace(ENDPOINT, "resp")
@@ -53,7 +56,7 @@ async def create_response() -> Response:
         error = _as_api_error(exc)
         ctx.serving.finish(trace, error.status)
         return _error(error)
-    run = ResponseRun(ctx, job, response_id=new_response_id(), created_at=int(time.time()))
+    run = ResponseRun(ctx, job, response_id=new_response_id(_state().id_prefix), created_at=int(time.time()))
     if job.request.stream:
         return _sse(_stream(ctx, run))
     return await _answer(ctx, run)
@@ -91,7 +94,7 @@ async def _background(ctx: ResponsesContext, job: ResponseJob) -> Response:
     hub = _state().responses
     if hub is None:
         raise bad_request("background responses are not available on this server", "background", "unsupported")
-    run = ResponseRun(ctx, job, response_id=new_response_id(), created_at=int(time.time()))
+    run = ResponseRun(ctx, job, response_id=new_response_id(_state().id_prefix), created_at=int(time.time()))
     record = hub.runs.start(run.run, initial=run.snapshot("queued"), input_items=job.input_items,
                             prior_items=job.prior_items, owner=ctx.owner, snapshot=run.snapshot)
     if not job.request.stream:

@@ -106,7 +106,7 @@ async def join_session_response(ctx: ResponsesContext, body: bytes) -> Response 
         run = _joinable_run(options.session_id, ctx.owner)
     except Exception as exc:  # noqa: BLE001 - nothing ran yet: an HTTP error
         return _error(_as_api_error(exc) if isinstance(exc, HTTPException) else as_api_error(exc))
-    joined = JoinedResponse(run, req, response_id=new_response_id(), created_at=int(time.time()))
+    joined = JoinedResponse(run, req, response_id=new_response_id(_state().id_prefix), created_at=int(time.time()))
     if req.stream:
         return _sse(_joined_frames(ctx, joined))
     try:

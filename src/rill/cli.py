@@ -87,7 +87,7 @@ def _cmd_serve(args) -> int:
         web_ui=not args.no_web_ui,
         tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
         reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
-        streaming_input=streaming_input_config.from_args(args),
+        streaming_input=streaming_input_config.from_args(args), replica_id=args.replica_id,
         realtime=realtime_config(args),
         keep_alive_timeout_s=args.keep_alive_timeout_s, body_timeout_s=args.body_timeout_s,
         max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s,
@@ -140,9 +140,21 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    choices=["none", "qwen3", "deepseek_r1"])
     p.add_argument("--shutdown-grace-s", type=float, default=_env("SHUTDOWN_GRACE_S", 10.0, float),
                    help="on SIGINT/SIGTERM, seconds streams in flight get to finish")
+    p.add_argument("--replica-id", default=_env("REPLICA_ID"), type=_replica_name, metavar="NAME",
+                   help="behind a load balancer: ids of this replica's sessions and stored responses start "
+                        "with NAME. (see rill nginx-config)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
                    choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
+
+
+def _replica_name(text: str) -> str:
+    from rill.scaling.replica import check_name
+
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cmd_transcribe(args) -> int:
@@ -210,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("train-tiny", "rill.tiny.train", "train rill-tiny from scratch (see its --help)"),
         ("eval-tiny", "rill.tiny.evaluate", "held-out accuracy of rill-tiny per task family"),
         ("bench", "rill.bench", "benchmarks: throughput, streaming-input, scheduler, serve, soak (see --help)"),
+        ("nginx-config", "rill.scaling.nginx", "print an nginx configuration for replicas behind one address"),
     ):
         p = sub.add_parser(name, help=text, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -219,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate",
              "train-tiny-speech": "rill.tiny_speech.train", "eval-tiny-speech": "rill.tiny_speech.evaluate", "bench": "rill.bench",
-             "train-tiny-vision": "rill.tiny_vision.train", "eval-tiny-vision": "rill.tiny_vision.evaluate"}
+             "train-tiny-vision": "rill.tiny_vision.train", "eval-tiny-vision": "rill.tiny_vision.evaluate",
+             "nginx-config": "rill.scaling.nginx"}
 
 
 def main(argv: list[str] | None = None) -> int:

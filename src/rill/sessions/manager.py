@@ -25,8 +25,10 @@ NUM_LATENCY_SAMPLES = 4096  # time-to-first-token samples awaiting the next /met
 
 
 class SessionManager:
-    def __init__(self, config: StreamingInputConfig, clock: Callable[[], float] = trio.current_time):
+    def __init__(self, config: StreamingInputConfig, clock: Callable[[], float] = trio.current_time,
+                 id_prefix: str = ""):
         self.config = config
+        self.id_prefix = id_prefix  # "NAME." behind a load balancer (rill.scaling.replica)
         self.clock = clock
         self.sessions: dict[str, StreamingSession] = {}
         self.on_close: Callable[[StreamingSession], None] | None = None  # frees the engine side
@@ -63,7 +65,7 @@ class SessionManager:
 
     def open(self, owner: str | None, *, addressable: bool = True) -> StreamingSession:
         self.check_can_open(owner)
-        session = StreamingSession(f"sess_{secrets.token_hex(12)}", owner, self.config, self.clock(),
+        session = StreamingSession(f"{self.id_prefix}sess_{secrets.token_hex(12)}", owner, self.config, self.clock(),
                                    addressable=addressable)
         self.sessions[session.session_id] = session
         self.num_opened += 1

@@ -50,8 +50,9 @@ class ResponseJob:
         return self.chat.trace
 
 
-def new_response_id() -> str:
-    return new_id("resp")
+def new_response_id(prefix: str = "") -> str:
+    """prefix: the replica's ("NAME.", rill.scaling.replica), so that a router finds the stored response."""
+    return prefix + new_id("resp")
 
 
 def prepare_response(ctx: ResponsesContext, body: bytes, trace: RequestTrace) -> ResponseJob:
