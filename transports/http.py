@@ -166,7 +166,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     app.register_blueprint(api)
     if state.server.web_ui:
         state.open_paths = OPEN_PATHS | install_web(app)
-    hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving)
+    hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving,
+                           lambda: state.speech.engine if state.speech is not None else None)
     state.metrics.attach_realtime(hub)
     _install_streaming_input(app, state)
     _install_transcriptions(app, state, speech)

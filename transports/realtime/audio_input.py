@@ -1,12 +1,11 @@
 """Input audio for the realtime protocol: PCM16 mono, base64 on the wire, 16 kHz for the model
 (24 kHz input is low-passed and resampled), with caps per event and per connection.
 
-The seam for audio models: `audio_front_end(model_config)` says whether the loaded model can
-hear. None of rill's models can yet, so `AudioInput.append` validates the audio (a client learns
-about a framing bug either way) and then refuses it with `audio_not_supported`; the connection
-stays usable. A model with an audio front end (a later issue) implements `AudioFrontEnd`: each
-append's 16 kHz samples go to `AudioFrontEnd.feed` as they arrive, and `commit` (vLLM's `final`)
-ends the stream, which is where `transcription.delta` / `.done` events start to flow.
+Where the audio goes: with a speech model served, to the connection's recogniser (its
+`SpeechLink`, rill.speech.live; see voice.py); otherwise to the loaded LLM's own audio front end
+(`audio_front_end(model_config)`, none of rill's models has one), and with neither `AudioInput.append`
+validates the audio (a client learns about a framing bug either way) and then refuses it with
+`audio_not_supported`; the connection stays usable.
 """
 
 from __future__ import annotations
@@ -94,6 +93,6 @@ class AudioInput:
 
     def _check_front_end(self) -> None:
         if self.front_end is None:
-            raise RealtimeError("audio_not_supported", "this model has no audio front end, so it cannot take "
-                                "input_audio_buffer events; send text with conversation.item.create or "
-                                "input_text_buffer.append")
+            raise RealtimeError("audio_not_supported", "this model has no audio front end and this server serves "
+                                "no speech model (rill serve --speech-model), so it cannot take input_audio_buffer "
+                                "events; send text with conversation.item.create or input_text_buffer.append")

@@ -29,12 +29,13 @@ from rill.transports.realtime.conversation import (
 )
 from rill.transports.realtime.events import (
     ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
-    InputAudioBufferCleared, InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit,
-    InputTextBufferCommitted, RealtimeError, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent,
+    InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit,
+    InputAudioBufferCommitted, InputTextBufferCommitted, Item, RealtimeError, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent,
     SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
     new_id,
 )
 from rill.transports.realtime.text_input import InputTurn, split_prompt
+from rill.transports.realtime.voice import SpeechLink, VoiceInput
 from rill.transports.realtime.response import Dialect, ResponseStream, end_status
 from rill.transports.realtime.state import TRANSITIONS, Move, State
 
@@ -56,14 +57,19 @@ class EngineLink(Protocol):
 class RealtimeConnection:
     def __init__(self, serving: Serving, engine: EngineLink, *, dialect: Dialect = Dialect.GA,
                  model: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 audio_limits: AudioLimits | None = None):
+                 audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None):
         self.serving, self.engine, self.dialect = serving, engine, dialect
         self.max_message_bytes = max_message_bytes
         self.state = State.IDLE
         self.session_id, self.conversation_id = new_id("sess"), new_id("conv")
         self.settings = Settings(model=serving.check_model(model))
         self.conversation = Conversation()
-        self.audio = AudioInput(audio_front_end(serving.engine.core.model_config), audio_limits)
+        self.audio = AudioInput(speech if speech is not None else audio_front_end(serving.engine.core.model_config),
+                                audio_limits)
+        self.voice = VoiceInput(self, speech)  # speech in: the audio buffer and the recogniser's events
+        self._speech_models = (speech.model_name,) if speech is not None else ()
+        self._audio_item: Item | None = None  # the next committed user message is this audio item
+        self.voice.reconfigure()
         self.num_requests = 0
         self._turn: InputTurn | None = None
         self._response: ResponseStream | None = None
@@ -92,6 +98,14 @@ class RealtimeConnection:
             self._dispatch(event)
         except Exception as exc:  # noqa: BLE001 - rill's own errors become error events; others propagate
             self._report(exc, event_id)
+        return self._take()
+
+    def receive_speech(self, event) -> list[ServerEvent]:
+        """One event of the connection's recogniser (rill.speech.live.LiveEvent)."""
+        try:
+            self.voice.on_event(event)
+        except Exception as exc:  # noqa: BLE001 - as in receive_message
+            self._report(exc, None)
         return self._take()
 
     def receive_delta(self, delta: RequestDelta) -> list[ServerEvent]:
@@ -148,20 +162,22 @@ class RealtimeConnection:
             case ResponseCancel():
                 self._response_cancel(event.response_id)
             case InputAudioBufferAppend():
-                self.audio.append(event.audio, self.settings.audio_rate_hz)
+                self.voice.append(event.audio)
             case InputAudioBufferCommit():
-                self.audio.commit()
+                self.voice.commit(event.final)
             case InputAudioBufferClear():
-                self._out.append(InputAudioBufferCleared())
+                self.voice.clear()
 
     # -- session and conversation ---------------------------------------------------------------------------
 
     def _session_update(self, event: SessionUpdate) -> None:
         config = event.session or SessionConfig()
         config.model = config.model or event.model
-        before = self._prompt_shape()
-        self.settings.update(config, self.serving)
+        before, heard = self._prompt_shape(), self.voice.live_config()
+        self.settings.update(config, self.serving, self._speech_models)
         self._out.append(SessionUpdated(session=self.settings.wire(self.session_id)))
+        if self.voice.live_config() != heard:
+            self.voice.reconfigure()
         if self._prompt_shape() != before:
             self._input_changed()
 
@@ -341,6 +357,11 @@ class RealtimeConnection:
         except Exception as exc:  # noqa: BLE001 - as in receive_message
             self._report(exc, None)
 
+    def _interrupt(self) -> None:
+        """Barge-in: the user speaks again, the answer in flight stops (its text so far stays)."""
+        self.engine.abort(self._request_id)
+        self._end_response("cancelled", TURN_DETECTED)
+
     def _response_cancel(self, response_id: str | None) -> None:
         if self._response is None or response_id not in (None, self._response.id):
             raise RealtimeError("response_cancel_not_active", "no response is in progress" if response_id is None
@@ -353,11 +374,15 @@ class RealtimeConnection:
         self._end_response("cancelled", StatusDetails("cancelled", "client_cancelled"))
 
     def _add_user_item(self, committed: bool) -> None:
-        """The streamed text so far becomes a user message item."""
-        item = user_text_item(self._turn.text)
+        """The streamed text so far becomes a user message item (an input_audio item when it was spoken)."""
+        item, self._audio_item = self._audio_item, None
+        if item is not None:
+            item.content[0].transcript = self._turn.text
+        item = item or user_text_item(self._turn.text)
         previous = self.conversation.add(item)
         if committed:
-            self._out.append(InputTextBufferCommitted(item_id=item.id, previous_item_id=previous))
+            kind = InputTextBufferCommitted if item.content[0].type == "input_text" else InputAudioBufferCommitted
+            self._out.append(kind(item_id=item.id, previous_item_id=previous))
         self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
 
     # -- respond_per_chunk answers ------------------------------------------------------------------------------

@@ -17,8 +17,11 @@ from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_pre
 from rill.sampling_params import SamplingParams
 from rill.transports.realtime.audio_input import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
 from rill.transports.realtime.events import (
-    AudioFormat, ContentPart, Item, RealtimeError, ResponseOptions, Session, SessionConfig, Tool,
-    ToolChoiceFunction, new_id,
+    AudioFormat, AudioInput, AudioSettings, ContentPart, Item, RealtimeError, ResponseOptions, Session, SessionConfig,
+    Tool, ToolChoiceFunction, TranscriptionSettings, new_id,
+)
+from rill.transports.realtime.voice_settings import (
+    DEFAULT_TURN_DETECTION, TurnDetection, transcription_settings, turn_detection, turn_detection_wire,
 )
 
 OUTPUT_MODES = ("respond_at_end", "respond_per_chunk")
@@ -50,6 +53,9 @@ class Settings:
     tool_choice: str | ToolChoiceFunction = "auto"
     output_mode: str = "respond_at_end"
     audio_rate_hz: int = MODEL_RATE_HZ
+    session_type: str = "realtime"  # or "transcription": transcribe speech, answer nothing
+    turn_detection: TurnDetection | None = DEFAULT_TURN_DETECTION  # None: turns end at input_audio_buffer.commit
+    transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -72,11 +78,18 @@ class Settings:
         begin with (the call's grammar starts there), as chat completions do (rill.openai.forced_prefix)."""
         return split_forced_prefix(tokenizer, self.tool_prefix) if self.tool_prefix else ForcedPrefix("", "")
 
-    def update(self, config: SessionConfig, serving: Serving) -> None:
-        """Apply a session.update after validating all of it (nothing changes when it fails)."""
+    def update(self, config: SessionConfig, serving: Serving, speech_models: tuple[str, ...] = ()) -> None:
+        """Apply a session.update after validating all of it (nothing changes when it fails).
+
+        A session whose model is the speech model (vLLM's clients name it) transcribes only."""
         new = Settings(**self.__dict__)
-        if config.model is not None:
+        if config.model is not None and config.model in speech_models:
+            new.session_type = "transcription"
+        elif config.model is not None:
             new.model = serving.check_model(config.model)
+        new.session_type = config.type or new.session_type
+        new.transcription = transcription_settings(config, new.transcription, speech_models)
+        new.turn_detection = turn_detection(config, new.turn_detection)
         for name in ("instructions", "temperature", "tool_choice", "output_mode", "tools"):
             if getattr(config, name) is not None:
                 setattr(new, name, getattr(config, name))
@@ -126,7 +139,10 @@ class Settings:
             output_modalities=["text"], input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),
             temperature=self.temperature, tools=self.tools, tool_choice=self.tool_choice,
             max_response_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
-            output_mode=self.output_mode,
+            output_mode=self.output_mode, type=self.session_type, turn_detection=turn_detection_wire(self.turn_detection),
+            input_audio_transcription=self.transcription,
+            audio=AudioSettings(AudioInput(AudioFormat("audio/pcm", self.audio_rate_hz), self.transcription,
+                                           turn_detection_wire(self.turn_detection))),
         )
 
 
@@ -226,7 +242,8 @@ def _tool_call(item: Item) -> dict:
 
 
 def item_text(item: Item) -> str:
-    return "\n".join(part.text or "" for part in item.content or [])
+    """A message's text; an input_audio part reads as its transcript."""
+    return "\n".join(part.text if part.text is not None else part.transcript or "" for part in item.content or [])
 
 
 def user_text_item(text: str) -> Item:

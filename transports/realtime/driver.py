@@ -26,8 +26,10 @@ from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.transports.api_keys import bearer_matches
 from rill.transports.realtime.connection import DEFAULT_MAX_MESSAGE_BYTES, RealtimeConnection
+from rill.speech.live import SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta, TranscriptDone
 from rill.transports.realtime.events import RealtimeError, encode, error_event
 from rill.transports.realtime.response import Dialect
+from rill.transports.realtime.speech_link import LiveSpeechLink
 
 log = logging.getLogger("rill.realtime")
 
@@ -37,6 +39,7 @@ BETA_PROTOCOL = "openai-beta.realtime-v1"
 # max_message_bytes they get an error event. hypercorn's default for websocket_max_message_size.
 MAX_FRAME_BYTES = 16 << 20
 INBOX_SIZE = 64
+LIVE_EVENTS = (SpeechStarted, SpeechStopped, TranscriptDelta, TranscriptDone, SpeechFailed)
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
@@ -113,15 +116,21 @@ class Handshake:
 class RealtimeHub:
     """Admission for both listeners: API key, connection cap, engine readiness."""
 
-    def __init__(self, config: RealtimeConfig, api_key: str | None, get_serving: Callable[[], Serving | None]):
+    def __init__(self, config: RealtimeConfig, api_key: str | None, get_serving: Callable[[], Serving | None],
+                 get_speech: Callable[[], object | None] = lambda: None):
         self.config, self.api_key = config, api_key
         self._get_serving = get_serving
+        self._get_speech = get_speech  # the AsyncSpeechEngine, or None: audio gets audio_not_supported
         self.num_connections = 0
         self.num_refused = 0
 
     @property
     def serving(self) -> Serving | None:
         return self._get_serving()
+
+    @property
+    def speech(self):
+        return self._get_speech()
 
     def admit(self, headers: Mapping[str, str], subprotocols: Sequence[str], query: Mapping[str, str]
               ) -> Handshake | Refusal:
@@ -225,12 +234,14 @@ async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Ha
     config = hub.config
     send_inbox, inbox = trio.open_memory_channel(INBOX_SIZE)
     async with trio.open_nursery() as nursery:
+        speech = hub.speech
+        link = LiveSpeechLink(speech, nursery, send_inbox.clone()) if speech is not None else None
         conn = RealtimeConnection(hub.serving, ChannelEngineLink(hub.serving.engine, nursery, send_inbox),
                                   dialect=handshake.dialect, model=handshake.model,
-                                  max_message_bytes=config.max_message_bytes)
+                                  max_message_bytes=config.max_message_bytes, speech=link)
         log.info("realtime connection %s opened (%d open)", conn.session_id, hub.num_connections)
         try:
-            nursery.start_soon(_read_client, socket, send_inbox.clone())
+            nursery.start_soon(_read_client, socket, send_inbox.clone(), link)
             if socket.can_ping and config.ping_interval_s:
                 nursery.start_soon(_keepalive, socket, config.ping_interval_s, nursery.cancel_scope)
             await _serve(socket, conn, inbox, config.idle_timeout_s)
@@ -244,9 +255,13 @@ async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Ha
             log.info("realtime connection %s closed", conn.session_id)
 
 
-async def _read_client(socket: RealtimeSocket, inbox: trio.MemorySendChannel) -> None:
+async def _read_client(socket: RealtimeSocket, inbox: trio.MemorySendChannel, link: LiveSpeechLink | None) -> None:
     async with inbox:
-        while (message := await socket.receive()) is not None:
+        while True:
+            if link is not None:
+                await link.wait_for_room()  # back-pressure: audio beyond the recogniser's backlog waits in TCP
+            if (message := await socket.receive()) is None:
+                break
             await inbox.send(message)
         await inbox.send(ClientGone())
 
@@ -268,7 +283,12 @@ async def _serve(socket: RealtimeSocket, conn: RealtimeConnection, inbox, idle_t
         if isinstance(item, ClientGone):
             return
         last_activity_s = trio.current_time()
-        events = conn.receive_delta(item) if isinstance(item, RequestDelta) else conn.receive_message(item)
+        if isinstance(item, RequestDelta):
+            events = conn.receive_delta(item)
+        elif isinstance(item, LIVE_EVENTS):
+            events = conn.receive_speech(item)
+        else:
+            events = conn.receive_message(item)
         if not await _send(socket, events):
             return
 

@@ -75,8 +75,30 @@ class AudioFormat(msgspec.Struct, omit_defaults=True):
     rate: int | None = None  # 16000 or 24000 (resampled to 16000)
 
 
+class TranscriptionSettings(msgspec.Struct, omit_defaults=True):
+    """input_audio_transcription (beta) / audio.input.transcription (GA)."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class TurnDetectionSettings(msgspec.Struct, omit_defaults=True):
+    """turn_detection: server_vad's fields (OpenAI's defaults apply to what is left out)."""
+
+    type: Literal["server_vad", "semantic_vad"] | None = None  # None: server_vad
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    idle_timeout_ms: int | None = None  # accepted, not acted on
+
+
 class AudioInput(msgspec.Struct):
     format: AudioFormat | None = None
+    transcription: TranscriptionSettings | None = None
+    turn_detection: TurnDetectionSettings | None | msgspec.UnsetType = msgspec.UNSET  # null: manual commit
 
 
 class AudioSettings(msgspec.Struct):
@@ -86,7 +108,7 @@ class AudioSettings(msgspec.Struct):
 class SessionConfig(msgspec.Struct, kw_only=True):
     """session.update's `session`: every field optional; what is left out keeps its value."""
 
-    type: str | None = None  # GA: "realtime" (accepted, not needed)
+    type: Literal["realtime", "transcription"] | None = None  # transcription: transcribe only
     model: str | None = None
     instructions: str | None = None
     modalities: list[str] | None = None  # beta name
@@ -99,6 +121,8 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction | None = None
     output_mode: Literal["respond_at_end", "respond_per_chunk"] | None = None  # rill
+    input_audio_transcription: TranscriptionSettings | None = None  # beta
+    turn_detection: TurnDetectionSettings | None | msgspec.UnsetType = msgspec.UNSET  # beta; null: manual commit
 
 
 class ResponseOptions(msgspec.Struct, kw_only=True):
@@ -242,6 +266,9 @@ class Session(msgspec.Struct, kw_only=True):
     tools: list[Tool]
     tool_choice: str | ToolChoiceFunction
     output_mode: str
+    turn_detection: TurnDetectionSettings | None = None
+    input_audio_transcription: TranscriptionSettings | None = None
+    audio: AudioSettings | None = None  # the GA shape of the three audio settings
 
 
 class SessionCreated(ServerEvent, tag="session.created"):
@@ -384,8 +411,42 @@ class FunctionCallArgumentsDone(ServerEvent, tag="response.function_call_argumen
     arguments: str
 
 
+class SpeechStartedEvent(ServerEvent, tag="input_audio_buffer.speech_started"):
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStoppedEvent(ServerEvent, tag="input_audio_buffer.speech_stopped"):
+    audio_end_ms: int
+    item_id: str
+
+
+class TranscriptUsage(msgspec.Struct):
+    seconds: float
+    type: str = "duration"
+
+
+class InputTranscriptionDelta(ServerEvent, tag="conversation.item.input_audio_transcription.delta"):
+    item_id: str
+    delta: str
+    content_index: int = 0
+
+
+class InputTranscriptionCompleted(ServerEvent, tag="conversation.item.input_audio_transcription.completed"):
+    item_id: str
+    transcript: str
+    usage: TranscriptUsage
+    content_index: int = 0
+
+
+class InputTranscriptionFailed(ServerEvent, tag="conversation.item.input_audio_transcription.failed"):
+    item_id: str
+    error: ErrorDetail
+    content_index: int = 0
+
+
 class TranscriptionDelta(ServerEvent, tag="transcription.delta"):
-    """vLLM's: sent by a model with an audio front end as it transcribes (none yet; see audio_input)."""
+    """vLLM's: words of the audio stream as they are recognised (beside OpenAI's per-item delta)."""
 
     delta: str
 

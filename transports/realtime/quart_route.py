@@ -16,9 +16,11 @@ realtime_api = Blueprint("realtime", __name__)
 _EXTENSION = "rill.realtime"
 
 
-def install_realtime(app: QuartTrio, config: RealtimeConfig, api_key: str | None, get_serving) -> RealtimeHub:
-    """Add the route; the hub it returns also admits the raw listener's connections (one cap for both)."""
-    hub = RealtimeHub(config, api_key, get_serving)
+def install_realtime(app: QuartTrio, config: RealtimeConfig, api_key: str | None, get_serving,
+                     get_speech=lambda: None) -> RealtimeHub:
+    """Add the route; the hub it returns also admits the raw listener's connections (one cap for both).
+    `get_speech` gives the speech engine that hears input audio (None: audio is refused)."""
+    hub = RealtimeHub(config, api_key, get_serving, get_speech)
     app.extensions[_EXTENSION] = hub
     app.register_blueprint(realtime_api)
     return hub

@@ -1,0 +1,137 @@
+"""Voice tests' parts: rill's app with the LLM engine and the speech worker on 127.0.0.1 (both listeners),
+espeak-ng speech made at test time, and a realtime client that streams PCM16 at a chosen pace."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import shutil
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import trio
+from hypercorn.trio import serve as hypercorn_serve
+from quart_trio import QuartTrio
+from trio_websocket import open_websocket_url
+
+from rill.config import EngineConfig
+from rill.engine.async_engine import AsyncEngine, open_engine
+from rill.server import hypercorn_config
+from rill.speech.async_speech import open_serving_speech
+from rill.transports.http import ServerConfig, create_app
+from rill.transports.realtime.driver import RealtimeConfig
+from rill.transports.realtime.quart_route import realtime_hub
+from rill.transports.realtime.ws_listener import serve_ws
+
+RATE = 16_000
+EVENT_TIMEOUT_S = 60
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng makes the test speech")
+
+
+def speak(text: str, rate_wpm: int = 160) -> np.ndarray:
+    """espeak-ng's en-us voice, 16 kHz float32, silence trimmed."""
+    from rill.tiny_speech.synth import synthesize
+    from rill.tiny_speech.voices import Voice
+
+    return synthesize(text, Voice("en-us", "", rate_wpm, 50, 100, 0))
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE), dtype=np.float32)
+
+
+def pcm16_b64(samples: np.ndarray) -> str:
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+@dataclass
+class VoiceServer:
+    url: str
+    ws_url: str
+    engine: AsyncEngine
+    speech: object
+    app: QuartTrio
+
+    def realtime_url(self, listener: str) -> str:
+        return self.url.replace("http://", "ws://") + "/v1/realtime" if listener == "http" else self.ws_url
+
+    @property
+    def all_kv_free(self) -> bool:
+        bm = self.engine.core.block_manager
+        return bm.num_free_blocks == bm.num_blocks
+
+    @property
+    def num_connections(self) -> int:
+        return realtime_hub(self.app).num_connections
+
+
+@asynccontextmanager
+async def voice_server(llm_dir, speech_dir, server: ServerConfig | None = None, **engine_kwargs):
+    server = server or ServerConfig(realtime=RealtimeConfig(ws_port=0))
+    hyper = hypercorn_config("127.0.0.1", 0, 1.0, server)
+    config = EngineConfig(model=str(llm_dir), **{"num_kv_blocks": 256, **engine_kwargs})
+    async with open_engine(config) as engine, \
+            open_serving_speech(None if speech_dir is None else str(speech_dir)) as speech:
+        app = create_app(engine=engine, server=server, speech=speech)
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(hypercorn_serve, app, hyper)
+            ws_url = await nursery.start(serve_ws, realtime_hub(app), "127.0.0.1", 0)
+            try:
+                yield VoiceServer(binds[0], ws_url, engine, speech, app)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+class VoiceClient:
+    """A trio-websocket realtime client: JSON events, reads with a deadline, audio streamed at a pace."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self._ids = itertools.count()
+        self.log: list[tuple[float, dict]] = []  # every event received, with its arrival time
+
+    async def send(self, type_: str, **fields) -> str:
+        event_id = f"client_{next(self._ids)}"
+        await self.ws.send_message(json.dumps({"type": type_, "event_id": event_id, **fields}))
+        return event_id
+
+    async def recv(self, timeout_s: float = EVENT_TIMEOUT_S) -> dict:
+        with trio.fail_after(timeout_s):
+            event = json.loads(await self.ws.get_message())
+        self.log.append((trio.current_time(), event))
+        return event
+
+    async def until(self, type_: str, timeout_s: float = EVENT_TIMEOUT_S) -> list[dict]:
+        events = []
+        while not events or events[-1]["type"] != type_:
+            events.append(await self.recv(timeout_s))
+        return events
+
+    async def update(self, **session) -> dict:
+        await self.send("session.update", session=session)
+        return (await self.until("session.updated"))[-1]["session"]
+
+    async def stream(self, audio: np.ndarray, chunk_s: float = 0.1, pace: float = 1.0) -> float:
+        """Append `audio` in `chunk_s` pieces, `pace` x real time (inf: at once); the time the last piece went."""
+        step = int(chunk_s * RATE)
+        for i in range(0, len(audio), step):
+            await self.send("input_audio_buffer.append", audio=pcm16_b64(audio[i:i + step]))
+            if pace != float("inf"):
+                await trio.sleep(chunk_s / pace)
+        return trio.current_time()
+
+
+@asynccontextmanager
+async def voice_client(server: VoiceServer, listener: str = "http", **kwargs):
+    async with open_websocket_url(server.realtime_url(listener), **kwargs) as ws:
+        client = VoiceClient(ws)
+        created = await client.recv()
+        assert created["type"] == "session.created", created
+        yield client
+
+
+def of_type(events: list[dict], type_: str) -> list[dict]:
+    return [e for e in events if e["type"] == type_]

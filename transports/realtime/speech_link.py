@@ -1,0 +1,68 @@
+"""The realtime connection's recogniser on the real speech worker: a LiveTranscriber (rill.speech.live)
+running in the connection's nursery, whose events join the connection's inbox in order.
+
+`configure` replaces the recogniser (turn detection or transcription settings changed): audio the
+old one had not finished with is dropped, as a cleared buffer. `wait_for_room` is what the client
+reader awaits before it reads the next frame, so a client that sends audio faster than it can be
+recognised is held by WebSocket flow control instead of growing the server's memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import trio
+
+from rill.speech.live import LiveConfig, LiveTranscriber
+
+
+class LiveSpeechLink:
+    def __init__(self, speech, nursery: trio.Nursery, inbox: trio.MemorySendChannel):
+        self.speech = speech  # AsyncSpeechEngine
+        self.model_name = speech.model_name
+        self._nursery, self._inbox = nursery, inbox
+        self._live: LiveTranscriber | None = None
+        self._scope: trio.CancelScope | None = None
+        self._changed = trio.Event()
+
+    @property
+    def live(self) -> LiveTranscriber | None:
+        return self._live
+
+    def configure(self, config: LiveConfig) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+            self._live.failed = True  # wakes a reader held by wait_for_room on the old recogniser
+            self._live._signal_progress()
+        send, recv = trio.open_memory_channel(math.inf)  # bounded by the passes and turns of one stream
+        self._live = LiveTranscriber(self.speech, config, send.send_nowait)
+        self._scope = trio.CancelScope()
+        self._nursery.start_soon(self._run, self._live, self._scope, send, recv)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _run(self, live: LiveTranscriber, scope: trio.CancelScope, send, recv) -> None:
+        with scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(live.run)
+                async with recv, send:
+                    async for event in recv:
+                        await self._inbox.send(event)
+
+    def feed(self, samples_16k: np.ndarray) -> None:
+        self._live.feed(samples_16k)
+
+    def commit(self, final: bool) -> None:
+        self._live.commit(final)
+
+    def clear(self) -> None:
+        self._live.clear()
+
+    async def wait_for_room(self) -> None:
+        if self._live is not None:
+            await self._live.wait_for_room()
+
+    def close(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()

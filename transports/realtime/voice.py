@@ -1,0 +1,179 @@
+"""Speech in a realtime connection: the audio buffer's client events, and the recogniser's events
+(rill.speech.live) turned into protocol events and into the user's turn.
+
+    input_audio_buffer.append  -> AudioInput (decode, resample, caps) -> SpeechLink.feed
+    recogniser: SpeechStarted  -> input_audio_buffer.speech_started (+ barge-in: the answer in
+                                  flight is cancelled, reason turn_detected)
+                TranscriptDelta-> conversation.item.input_audio_transcription.delta, vLLM's
+                                  transcription.delta, and in a realtime session the same words
+                                  appended to the user turn through the streamed-text path, so
+                                  they are prefilled while the user speaks
+                SpeechStopped  -> input_audio_buffer.speech_stopped
+                TranscriptDone -> input_audio_buffer.committed, conversation.item.created (an
+                                  input_audio item holding the transcript), ...transcription.completed,
+                                  and with server_vad's create_response the answer
+    input_audio_buffer.commit  -> the turn ends where the audio ends (final: true, vLLM's end of
+                                  stream, also sends transcription.done with everything heard)
+
+Sans-IO like the connection it belongs to: the link's calls return at once; its events come back
+through `on_event`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from rill.speech.live import (LiveConfig, LiveEvent, SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta,
+                              TranscriptDone)
+from rill.transports.realtime.events import (
+    ContentPart, ConversationItemCreated, ErrorDetail, InputAudioBufferCleared, InputAudioBufferCommitted,
+    InputTranscriptionCompleted, InputTranscriptionDelta, InputTranscriptionFailed, Item, RealtimeError,
+    SpeechStartedEvent, SpeechStoppedEvent, TranscriptionDelta, TranscriptionDone, TranscriptUsage, error_event,
+    new_id,
+)
+from rill.transports.realtime.state import State
+
+
+class SpeechLink(Protocol):
+    """The recogniser of one connection (see driver.LiveSpeechLink); every call returns at once."""
+
+    model_name: str
+
+    def configure(self, config: LiveConfig) -> None: ...  # a new recogniser: audio not yet final is dropped
+    def feed(self, samples_16k: np.ndarray) -> None: ...
+    def commit(self, final: bool) -> None: ...
+    def clear(self) -> None: ...
+
+
+def audio_item(item_id: str, transcript: str) -> Item:
+    return Item(type="message", id=item_id, role="user", status="completed",
+                content=[ContentPart("input_audio", transcript=transcript)])
+
+
+class VoiceInput:
+    """One connection's speech: `conn` is the RealtimeConnection whose turn the words join."""
+
+    def __init__(self, conn, link: SpeechLink | None):
+        self.conn, self.link = conn, link
+        self.item_id: str | None = None  # the user item the current turn's audio becomes
+        self.num_uncommitted_samples = 0
+        self._heard: list[str] = []  # every turn's transcript, for vLLM's transcription.done
+
+    @property
+    def _transcribing_only(self) -> bool:
+        return self.conn.settings.session_type == "transcription"
+
+    def live_config(self) -> LiveConfig:
+        settings = self.conn.settings
+        return LiveConfig(turn_detection=settings.turn_detection, language=settings.transcription.language,
+                          prompt=settings.transcription.prompt)
+
+    def reconfigure(self) -> None:
+        if self.link is not None:
+            self.link.configure(self.live_config())
+
+    # -- client events --------------------------------------------------------------------------------
+
+    def append(self, audio_b64: str) -> None:
+        before = self.conn.audio.num_samples_16k
+        self.conn.audio.append(audio_b64, self.conn.settings.audio_rate_hz)
+        self.num_uncommitted_samples += self.conn.audio.num_samples_16k - before
+
+    def commit(self, final: bool) -> None:
+        self._check_link()
+        if not self.num_uncommitted_samples and not final:
+            if self._transcribing_only:
+                return  # vLLM's clients commit once before any audio to start transcribing
+            raise RealtimeError("input_audio_buffer_commit_empty", "the input audio buffer holds no audio since the "
+                                "last commit")
+        self.num_uncommitted_samples = 0
+        self.item_id = self.item_id or new_id("item")
+        self.link.commit(final)
+
+    def clear(self) -> None:
+        if self.link is not None:
+            self.link.clear()
+        self.num_uncommitted_samples = 0
+        if self.item_id is not None and self.conn.state is State.STREAMING:
+            self.conn._drop_input()  # the words of the cleared turn leave the prompt too
+        self.item_id = None
+        self.conn._out.append(InputAudioBufferCleared())
+
+    def _check_link(self) -> None:
+        if self.link is None:
+            self.conn.audio.commit()  # raises audio_not_supported
+
+    # -- recogniser events ----------------------------------------------------------------------------
+
+    def on_event(self, event: LiveEvent) -> None:
+        match event:
+            case SpeechStarted():
+                self._started(event)
+            case SpeechStopped():
+                self.conn._out.append(SpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._item()))
+            case TranscriptDelta():
+                self._delta(event.text)
+            case TranscriptDone():
+                self._done(event)
+            case SpeechFailed():
+                self._failed(event.message)
+
+    def _item(self) -> str:
+        self.item_id = self.item_id or new_id("item")
+        return self.item_id
+
+    def _started(self, event: SpeechStarted) -> None:
+        self.conn._out.append(SpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._item()))
+        turn = self.conn.settings.turn_detection
+        if turn is not None and turn.interrupt_response and self.conn.state is State.RESPONDING:
+            self.conn._interrupt()  # barge-in
+
+    def _delta(self, text: str) -> None:
+        item_id = self._item()
+        out = self.conn._out
+        out.append(InputTranscriptionDelta(item_id=item_id, delta=text))
+        out.append(TranscriptionDelta(delta=text))
+        if not self._transcribing_only:
+            if self.conn.state is State.COMMITTED:
+                self.conn._drop_input()  # an uncommitted-to answer: the new words make a new turn
+            self.conn._text_append(text)
+
+    def _done(self, event: TranscriptDone) -> None:
+        item_id, self.item_id = self._item(), None
+        text = event.text
+        if text:
+            self._heard.append(text)
+            self._commit_item(item_id, text)
+        self.conn._out.append(InputTranscriptionCompleted(item_id=item_id, transcript=text,
+                                                          usage=TranscriptUsage(round(event.audio_s, 3))))
+        if event.final:
+            self.conn._out.append(TranscriptionDone(text=" ".join(self._heard)))
+        turn = self.conn.settings.turn_detection
+        auto = turn is not None and turn.create_response and not event.final
+        if text and auto and self.conn.state is State.COMMITTED:
+            self.conn._response_create(None)
+
+    def _commit_item(self, item_id: str, text: str) -> None:
+        conn = self.conn
+        streamed = conn.state in (State.STREAMING, State.ANSWERING) or (conn.state is State.RESPONDING
+                                                                        and conn._pending)
+        if self._transcribing_only or not streamed:
+            item = audio_item(item_id, text)
+            previous = conn.conversation.add(item)
+            conn._out.append(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
+            conn._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+            return
+        conn._audio_item = audio_item(item_id, "")  # _add_user_item fills in the transcript
+        conn._text_commit()
+
+    def _failed(self, message: str) -> None:
+        item_id = self.item_id
+        self.item_id = None
+        error = ErrorDetail("server_error", "speech_failed", f"speech recognition failed: {message}")
+        if item_id is not None:
+            self.conn._out.append(InputTranscriptionFailed(item_id=item_id, error=error))
+        else:
+            failure = RealtimeError("speech_failed", error.message, kind="server_error")
+            self.conn._out.append(error_event(failure, None))
