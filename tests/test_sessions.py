@@ -121,11 +121,12 @@ def test_max_payload_per_session_counts_every_new_chunk_and_not_repeats():
     assert session.num_payload_bytes == 6 and session.num_chunks_received == 2
 
 
-def test_audio_is_refused_and_payloads_must_match_their_modality():
+def test_sample_rate_is_for_audio_and_payloads_must_match_their_modality():
+    """Audio itself is the run's to refuse when no speech model is served (tests/test_streaming_audio.py)."""
     session = make_session()
-    with pytest.raises(UnsupportedModality, match="audio") as info:
-        session.accept(InputChunk(sequence_id=0, modality=Modality.AUDIO, payload="AAAA"))
-    assert info.value.code == "unsupported_modality" and info.value.status == 400
+    with pytest.raises(UnsupportedModality, match="sample_rate") as info:
+        session.accept(InputChunk(sequence_id=0, payload="AAAA", sample_rate=16000))
+    assert info.value.status == 400
     with pytest.raises(UnsupportedModality, match="list of token ids"):
         session.accept(InputChunk(sequence_id=0, modality=Modality.TOKENS, payload="12"))
     with pytest.raises(UnsupportedModality, match="a string"):

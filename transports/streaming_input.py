@@ -114,7 +114,8 @@ async def create_session() -> Response:
     if api is None:
         raise ApiError(400, f"streaming_input.api must be one of {sorted(APIS)}", param="streaming_input.api")
     req = decode_body(body, api.request_type)
-    run = open_run(_state().serving, _manager(), api, req, owner(), addressable=True, endpoint=SESSIONS)
+    run = open_run(_state().serving, _manager(), api, req, owner(), addressable=True, endpoint=SESSIONS,
+                   speech=_speech_engine())
     session = run.session
     created = SessionCreated(session.session_id, session.timeout_s, session.state, _started(session),
                              session.next_sequence_id)
@@ -226,7 +227,14 @@ async def _open_from_first_line(api, lines: BodyLines) -> StreamRun:
         raise ApiError(400, "the body is empty: line 1 must be the request", code="invalid_ndjson_line")
     req = _at_line(first.number, decode_body, first.data, api.request_type)
     lines.framer.max_line_bytes = _manager().config.max_chunk_bytes * 6 + _LINE_OVERHEAD_BYTES
-    return open_run(_state().serving, _manager(), api, req, owner(), addressable=False, endpoint=api.endpoint)
+    return open_run(_state().serving, _manager(), api, req, owner(), addressable=False, endpoint=api.endpoint,
+                    speech=_speech_engine())
+
+
+def _speech_engine():
+    """The served speech model's engine, which hears audio chunks; None when there is none."""
+    speech = _state().speech
+    return speech.engine if speech is not None else None
 
 
 async def _answer(run: StreamRun, lines: BodyLines) -> Response:
@@ -244,7 +252,11 @@ async def _read_input(run: StreamRun, lines: BodyLines) -> None:
     with trio.CancelScope() as scope:
         run.input_scope = scope
         num_chunks = 0
-        while (line := await lines.next()) is not None:
+        while True:
+            await run.wait_for_audio_room()  # spoken input is read no faster than it is recognised
+            if (line := await lines.next()) is None:
+                run.finish()  # the body ended: that is the end of input
+                break
             chunk = _at_line(line.number, decode_body, line.data, InputChunk)
             if chunk.sequence_id is None:  # Mode A numbers chunks by their order in the body
                 chunk = msgspec.structs.replace(chunk, sequence_id=num_chunks)
@@ -252,8 +264,6 @@ async def _read_input(run: StreamRun, lines: BodyLines) -> None:
             _at_line(line.number, run.push, chunk)
             if run.session.state is not SessionState.OPEN and run.session.state is not SessionState.STARTED:
                 break
-        else:
-            run.finish()  # the body ended: that is the end of input
     run.input_scope = None
     if scope.cancelled_caught:
         raise run.closed_error()

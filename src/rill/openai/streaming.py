@@ -21,7 +21,8 @@ from rill.openai.streaming_prompt import PromptParts
 from rill.outputs import RequestDelta
 from rill.sessions.chunks import InputChunk, Modality
 from rill.sessions.config import OutputMode, SessionOptions, StartPolicy
-from rill.sessions.errors import SessionError
+from rill.sessions.errors import SessionError, UnsupportedModality
+from rill.openai.streaming_audio import RunAudio, decode_audio_chunk
 from rill.sessions.manager import SessionManager
 from rill.sessions.session import StreamingSession
 from rill.sessions.state import CloseReason, SessionState
@@ -45,9 +46,9 @@ def as_api_error(exc: BaseException) -> ApiError:
 
 
 def open_run(serving: Serving, manager: SessionManager, api, req, owner: str | None, *, addressable: bool,
-             endpoint: str) -> StreamRun:
+             endpoint: str, speech=None) -> StreamRun:
     """Validate a streaming request, open its session (429 past the limits) and its engine session;
-    take its first chunk if it brings one."""
+    take its first chunk if it brings one. `speech` (an AsyncSpeechEngine) hears audio chunks."""
     trace = serving.new_trace(endpoint, api.trace_prefix)
     try:
         job, parts = api.prepare(serving, trace, req)
@@ -60,7 +61,7 @@ def open_run(serving: Serving, manager: SessionManager, api, req, owner: str | N
     except Exception as exc:
         serving.finish(trace, as_api_error(exc).status)
         raise
-    run = session.run = StreamRun(serving, manager, session, api, job, parts, policy, mode)
+    run = session.run = StreamRun(serving, manager, session, api, job, parts, policy, mode, speech)
     try:
         run.open()
         if req.chunk is not None:
@@ -90,8 +91,10 @@ class StreamRun:
     """One streaming-input request on the engine: its prompt as it grows, its answer as frames."""
 
     def __init__(self, serving: Serving, manager: SessionManager, session: StreamingSession, api, job,
-                 parts: PromptParts, policy: StartPolicy, mode: OutputMode):
+                 parts: PromptParts, policy: StartPolicy, mode: OutputMode, speech=None):
         self.serving, self.manager, self.session = serving, manager, session
+        self.speech = speech  # the speech engine for audio chunks (None: they are refused)
+        self.audio: RunAudio | None = None  # started by the first audio chunk
         self.api, self.job, self.mode = api, job, mode
         self.request_id = job.trace.request_id
         self.suffix_text, self.turn_text = parts.suffix_text, parts.turn_text
@@ -120,10 +123,34 @@ class StreamRun:
 
     def push(self, chunk: InputChunk) -> None:
         """Take one chunk: apply it and any it unblocked; finish at end of input."""
+        if chunk.modality is Modality.AUDIO:
+            self._check_audio(chunk)
         for ready in self.manager.accept(self.session, chunk):
-            self._guard(lambda ready=ready: self._apply(ready))
+            self._guard(lambda ready=ready: self._take(ready))
             if ready.end_of_input:
                 self.finish()
+
+    def _check_audio(self, chunk: InputChunk) -> None:
+        """Before the chunk touches the session: a bad or unwelcome audio chunk is refused alone."""
+        if self.speech is None:
+            raise UnsupportedModality("modality 'audio' needs a speech model and this server serves none (rill "
+                                      "serve --speech-model); send text or tokens", param="modality")
+        decode_audio_chunk(chunk)
+        if self.audio is not None:
+            self.audio.check_room()
+
+    def _take(self, chunk: InputChunk) -> None:
+        if chunk.modality is Modality.AUDIO and self.audio is None:
+            self.audio = RunAudio(self, self.speech, self.mode is OutputMode.RESPOND_PER_CHUNK)
+        if self.audio is not None:
+            self.audio.take(chunk)
+        else:
+            self._apply(chunk)
+
+    async def wait_for_audio_room(self) -> None:
+        """Mode A reads its body no faster than its audio is recognised."""
+        if self.audio is not None:
+            await self.audio.live.wait_for_room()
 
     def finish(self, last_sequence_id: int | None = None) -> None:
         """End of input (idempotent): the prompt's suffix goes in and the answer starts."""
@@ -132,6 +159,8 @@ class StreamRun:
             return
         session.check_input_open()
         session.check_can_finish(last_sequence_id)
+        if self.audio is not None and self.audio.finish():
+            return  # the audio's last words first: RunAudio finishes the input then
         self._guard(self._finish_input)
 
     def _apply(self, chunk: InputChunk) -> None:
@@ -187,6 +216,8 @@ class StreamRun:
     def on_session_closed(self) -> None:
         """The manager closed the session: free the engine side now, stop reading Mode A's body."""
         self.serving.engine.abort(self.request_id)
+        if self.audio is not None:
+            self.audio.close()
         if self.input_scope is not None:
             self.input_scope.cancel()
 

@@ -2,9 +2,10 @@
 
     {"sequence_id": 3, "modality": "text", "payload": "the next words", "end_of_input": false}
 
-`payload` is text for `text`, a list of token ids for `tokens`, and base64 for `audio` (bytes on
-a JSON wire). Sizes are counted in bytes: UTF-8 for text, 4 per token id, the decoded bytes for
-audio.
+`payload` is text for `text`, a list of token ids for `tokens`, and base64 for `audio`: PCM16
+little-endian mono at `sample_rate` Hz (default 16000), transcribed by the served speech model as it
+arrives (rill.openai.streaming_audio). Sizes are counted in bytes: UTF-8 for text, 4 per token id,
+the decoded bytes for audio.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class InputChunk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     modality: Modality = Modality.TEXT
     payload: str | list[int] = ""
     end_of_input: bool = False
+    sample_rate: Annotated[int, msgspec.Meta(ge=8000, le=48000)] | None = None  # audio only; None: 16000
 
     @property
     def num_payload_bytes(self) -> int:
@@ -49,11 +51,10 @@ class InputChunk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 def check_chunk(chunk: InputChunk, max_chunk_bytes: int) -> None:
     """What a chunk must be on its own, before it touches a session."""
-    if chunk.modality is Modality.AUDIO:
-        raise UnsupportedModality("modality 'audio' is not supported: no served model has an audio front end; "
-                                  "send text or tokens", param="modality")
+    if chunk.sample_rate is not None and chunk.modality is not Modality.AUDIO:
+        raise UnsupportedModality("sample_rate is for audio chunks", param="sample_rate", code="invalid_value")
     if (chunk.modality is Modality.TOKENS) != isinstance(chunk.payload, list):
-        want = "a list of token ids" if chunk.modality is Modality.TOKENS else "a string"
+        want = "a list of token ids" if chunk.modality is Modality.TOKENS else "a string (base64 PCM16 for audio)"
         raise UnsupportedModality(f"modality {chunk.modality.value!r} needs {want} as payload", param="payload",
                                   code="invalid_value")
     if chunk.num_payload_bytes > max_chunk_bytes:

@@ -80,6 +80,7 @@ class TranscriptDone(msgspec.Struct, frozen=True):
     text: str  # the turn's whole transcript
     audio_s: float  # speech decoded for it
     final: bool = False  # the stream ended (a commit with final: true)
+    by_commit: bool = False  # a commit ended the turn (not the VAD)
 
 
 class SpeechFailed(msgspec.Struct, frozen=True):
@@ -114,6 +115,7 @@ class _Segment:
 @dataclass(frozen=True)
 class _TurnEnd:
     final: bool
+    by_commit: bool = True
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ class LiveTranscriber:
             self._close_segment()
         elif kind is Activity.SPEECH_STOPPED and self.config.turn_detection is not None:
             self._emit(SpeechStopped(event.at_sample * 1000 // SAMPLE_RATE))
-            self._closed.append(_TurnEnd(final=False))
+            self._closed.append(_TurnEnd(final=False, by_commit=False))
 
     def _open_segment(self, event: VadEvent) -> None:
         pad, self._recent = self._recent, self._recent[:0]  # it ends where the onset was routed
@@ -330,7 +332,7 @@ class LiveTranscriber:
         text = "".join(self._turn_words).strip()
         audio_s = self._turn_samples / SAMPLE_RATE
         self._turn_words, self._turn_samples = [], 0
-        self._emit(TranscriptDone(text, audio_s, end.final))
+        self._emit(TranscriptDone(text, audio_s, end.final, end.by_commit))
 
     def _commit(self, words: list[str]) -> None:
         if not words:
