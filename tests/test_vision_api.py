@@ -178,3 +178,40 @@ def test_parse_limits():
     assert parse_limits('{"image": 2, "video": 0}') == {"image": 2, "video": 0}
     with pytest.raises(ValueError, match="audio"):
         parse_limits("audio=1")
+
+
+def test_chat_template_sees_the_parts_as_transformers_renders_them(model_dir):
+    """The server renders OpenAI content parts through Qwen2-VL's template as transformers'
+    apply_chat_template renders the same messages in transformers' multimodal shape ({"type": "image",
+    "url": ...}, {"type": "video", "url": ...}), with add_vision_id too. (A raw `video_url` part given to
+    transformers renders nothing: Qwen2-VL's template knows no such type; vLLM and rill pass it as a
+    video.)"""
+    from transformers import PreTrainedTokenizerFast
+
+    from rill.openai.chat import message_dict
+    from rill.openai.chat_media import MediaParts
+    from rill.openai.requests import Message
+    from rill.tokenizer import Tokenizer
+    import msgspec
+
+    raw = [{"role": "system", "content": "Be brief."},
+           {"role": "user", "content": [{"type": "text", "text": "One:"}, image_part(noise_image(56, 56)),
+                                        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]},
+           {"role": "assistant", "content": "Seen."},
+           {"role": "user", "content": [image_part(noise_image(56, 56)), {"type": "text", "text": "Two?"}]}]
+    hf = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    hf_shape = [m if isinstance(m["content"], str) else {**m, "content": [_transformers_part(p) for p in m["content"]]}
+                for m in raw]
+    ours = Tokenizer.from_dir(model_dir)
+    for kwargs in ({}, {"add_vision_id": True}):
+        media = MediaParts(accepts=True, limits={"image": 8, "video": 1})
+        messages = [message_dict(msgspec.convert(m, Message), i, media) for i, m in enumerate(raw)]
+        text = ours.apply_chat_template(messages, add_generation_prompt=True, chat_template_kwargs=kwargs)
+        assert text == hf.apply_chat_template(hf_shape, tokenize=False, add_generation_prompt=True, **kwargs)
+        assert [r.kind for r in media.refs] == ["image", "video", "image"]
+
+
+def _transformers_part(part: dict) -> dict:
+    if part["type"] in ("image_url", "video_url"):
+        return {"type": part["type"][: -len("_url")], "url": part[part["type"]]["url"]}
+    return part
