@@ -37,7 +37,8 @@ class Qwen2VLInputs:
 
     @classmethod
     def from_dir(cls, model_dir: Path, vision: VisionConfig) -> Qwen2VLInputs:
-        return cls(vision, PixelConfig.from_dir(model_dir), PixelConfig.from_dir(model_dir, "video_preprocessor_config.json"))
+        video = PixelConfig.from_dir(model_dir, "video_preprocessor_config.json")
+        return cls(vision, PixelConfig.from_dir(model_dir), video)
 
     def placeholder(self, kind: str) -> int:
         token = self.vision.image_token_id if kind == IMAGE else self.vision.video_token_id
@@ -66,7 +67,7 @@ class Qwen2VLInputs:
         Items of a kind are matched to that kind's placeholders in order."""
         queues = {kind: [it for it in items if it.kind == kind] for kind in (IMAGE, VIDEO)}
         tokens = {self.placeholder(kind): kind for kind in (IMAGE, VIDEO) if queues[kind]}
-        counts = {kind: sum(1 for t in prompt_ids if t in tokens and tokens[t] == kind) for kind in queues if queues[kind]}
+        counts = {kind: sum(1 for t in prompt_ids if tokens.get(t) == kind) for kind in queues if queues[kind]}
         for kind, queue in queues.items():
             if queue and counts[kind] != len(queue):
                 raise ValidationError(f"the prompt has {counts[kind]} {kind} placeholders for {len(queue)} {kind}s",
