@@ -169,3 +169,35 @@ def test_llava_refuses_video_and_unsupported_towers(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="dinov2"):
         EngineCore(EngineConfig(model=str(path)))
+
+
+async def test_openai_sdk_image_to_llava_equals_the_offline_api(tmp_path):
+    """A LLaVA model behind `rill serve`'s app: the SDK's image_url answer equals LLM.chat's; a video part
+    is a 400 naming it; KV and encoder-cache holders are free after."""
+    import base64
+    import io
+
+    import openai
+
+    from helpers_server import running_server
+    from rill.offline import LLM
+
+    path = make_llava_dir(tmp_path / "m", "clip_llama")
+    buf = io.BytesIO()
+    circle_image("red", (60, 40)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What colour is it?"}]}]
+    video = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}]
+    async with running_server(path) as server:
+        client = openai.AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+        answer = await client.chat.completions.create(model=str(path), messages=messages, temperature=0, max_tokens=6,
+                                                      extra_body={"ignore_eos": True})
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model=str(path), messages=video, max_tokens=2)
+        await client.close()
+        assert server.all_kv_free and server.engine.core.scheduler.vision.cache.num_holders == 0
+    assert refused.value.body["param"].startswith("messages[0].content[0]")
+    offline = LLM(str(path)).chat(messages, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert answer.choices[0].message.content == offline.outputs[0].text
+    assert answer.usage.prompt_tokens == len(offline.prompt_token_ids)
