@@ -195,3 +195,22 @@ def test_misplaced_items_are_refused(model_dir):
     with pytest.raises(ValidationError, match="placeholders"):
         core.add_request("a", ids, GREEDY, [items[0].at(0)])
     assert not core.requests
+
+
+def test_n_samples_and_prompt_logprobs_with_an_image(model_dir):
+    expected = _alone(model_dir, [circle_image("red")])
+    core = _core(model_dir)
+    ids, items = _prompt(core, [circle_image("red")])
+    core.add_request("n2", ids, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, n=2), items)
+    core.add_request("lp", ids, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=0),
+                     items)
+    out: dict[tuple[str, int], list[int]] = {}
+    scored = None
+    while core.has_work:
+        for d in core.step():
+            out.setdefault((d.request_id, d.index), []).extend(d.token_ids)
+            scored = d.prompt_logprobs if d.prompt_logprobs is not None else scored
+    assert out[("n2", 0)] == out[("n2", 1)] == out[("lp", 0)] == expected
+    assert len(scored) == len(ids) and scored[0] is None and all(s is not None for s in scored[1:])
+    assert core.scheduler.vision.cache.num_encoded_items == 1
+    _assert_nothing_held(core)
