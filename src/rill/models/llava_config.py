@@ -90,4 +90,5 @@ def _vision(cfg: dict, file: Path) -> LlavaVisionConfig:
     except ValueError as exc:
         raise ModelLoadError(f"{file}: {exc}") from None
     token = cfg.get("image_token_id", cfg.get("image_token_index", 32000))
-    return LlavaVisionConfig(tower, indices, strategy, act, bool(cfg.get("multimodal_projector_bias", True)), int(token))
+    bias = bool(cfg.get("multimodal_projector_bias", True))
+    return LlavaVisionConfig(tower, indices, strategy, act, bias, int(token))

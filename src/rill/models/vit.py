@@ -89,7 +89,8 @@ class EncoderLayer(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, cfg: ViTConfig, num_layers: int | None = None):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers if num_layers is None else num_layers))
+        count = cfg.num_layers if num_layers is None else num_layers
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(count))
 
     def forward(self, x: torch.Tensor, indices: tuple[int, ...]) -> list[torch.Tensor]:
         """The hidden states at `indices` (0: the input; i: layer i's output), in that order."""

@@ -102,7 +102,10 @@ def process_image(image: Image.Image, cfg: LlavaPixelConfig) -> torch.Tensor:
     chw = np.asarray(image).transpose(2, 0, 1)  # [3, H, W] uint8
     if cfg.do_center_crop and cfg.crop_size is not None:
         chw = center_crop(chw, cfg.crop_size)
-    values = (chw.astype(np.float64) * cfg.rescale_factor).astype(np.float32) if cfg.do_rescale else chw.astype(np.float32)
+    if cfg.do_rescale:
+        values = (chw.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
+    else:
+        values = chw.astype(np.float32)
     if cfg.do_normalize:
         mean, std = np.array(cfg.image_mean, dtype=np.float32), np.array(cfg.image_std, dtype=np.float32)
         values = ((values.T - mean) / std).T  # as transformers' normalize broadcasts channels-first

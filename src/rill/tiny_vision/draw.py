@@ -69,7 +69,8 @@ def shape_points(shape: str, cx: float, cy: float, r: float, angle_deg: float) -
                 (1.0 if k % 2 == 0 else 0.45) * math.sin(math.radians(-90 + 36 * k))) for k in range(10)]
     elif shape == "cross":
         a, b = 0.33, 1.0
-        pts = [(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a), (a, b), (-a, b), (-a, a), (-b, a), (-b, -a), (-a, -a)]
+        pts = [(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a),
+               (a, b), (-a, b), (-a, a), (-b, a), (-b, -a), (-a, -a)]
     else:
         raise ValueError(shape)
     t = math.radians(angle_deg)

@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = shape_of(args)
     tokenizer = tok.train_tokenizer(tokenizer_texts(args.seed))
     ids = tok.special_ids(tokenizer)
-    model = Qwen2VLForConditionalGeneration(shapes.qwen2vl_config(shape, tokenizer.get_vocab_size(), ids)).to(args.device)
+    config = shapes.qwen2vl_config(shape, tokenizer.get_vocab_size(), ids)
+    model = Qwen2VLForConditionalGeneration(config).to(args.device)
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params / 1e6:.2f}M parameters, {shape} on {args.device}; vocab {tokenizer.get_vocab_size()}")
     stream = dataset.Stream(args.seed, args.batch_size, tokenizer, shape, args.workers)
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_losses(record, args.out / "training_loss.png")
     except ImportError:
         pass  # the plot needs matplotlib; the losses are in training_run.json
-    print(f"trained {args.steps} steps in {train_s:.1f} s ({train_s / args.steps * 1000:.1f} ms/step); wrote {args.out}")
+    print(f"trained {args.steps} steps in {train_s:.1f} s ({train_s / args.steps * 1000:.1f} ms/step); "
+          f"wrote {args.out}")
     return 0
 
 
