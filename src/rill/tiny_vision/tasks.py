@@ -142,8 +142,9 @@ def _left_of(rng: random.Random) -> Example:
         for k, name in enumerate(names):
             cx = step * (k + 0.5) + rng.uniform(-0.08, 0.08) * step
             cy = min(size - r - 1, max(r + 1, row_y + rng.uniform(-0.15, 0.15) * size))
+            radius = r * rng.uniform(0.8, 1.0)  # drawn in this order: the recipe's pictures depend on it
             fill = draw.jitter_colour(rng, _other_colour(rng))
-            draw.draw_shape(canvas, name, cx, cy, r * rng.uniform(0.8, 1.0), fill,
+            draw.draw_shape(canvas, name, cx, cy, radius, fill,
                             rng.uniform(-10, 10))
         answer = names[slot - 1]
         return Example("left_of", "", answer, f"left_of|{answer}|{slot}|{count}", image=_finish(image, rng))
