@@ -215,3 +215,15 @@ def _transformers_part(part: dict) -> dict:
     if part["type"] in ("image_url", "video_url"):
         return {"type": part["type"][: -len("_url")], "url": part[part["type"]]["url"]}
     return part
+
+
+async def test_unknown_part_types_are_400_naming_the_part(model_dir):
+    async with running_server(model_dir) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            audio = await client.post("/v1/chat/completions", json={"model": str(model_dir), **GREEDY, "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "input_audio"}]}]})
+            no_url = await client.post("/v1/chat/completions", json={"model": str(model_dir), **GREEDY, "messages": [
+                {"role": "user", "content": [{"type": "image_url"}]}]})
+    assert audio.status_code == 400 and audio.json()["error"]["param"] == "messages[0].content[1].type"
+    assert "image_url and video_url" in audio.json()["error"]["message"]
+    assert no_url.status_code == 400 and no_url.json()["error"]["param"] == "messages[0].content[0].image_url"

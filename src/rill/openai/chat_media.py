@@ -62,8 +62,13 @@ class MediaParts:
             return {"type": "text", "text": part.text}
         kind = {"image_url": IMAGE, "video_url": VIDEO}.get(part.type)
         source = part.image_url if kind == IMAGE else part.video_url if kind == VIDEO else None
-        if kind is None or not self.accepts:
+        if not self.accepts:
             raise ValidationError(f"content part type {part.type!r} is not supported: this model reads text only",
+                                  param=f"{param}.type", code="unsupported")
+        if kind is None:
+            what = ("a text part needs text" if part.type == "text"
+                    else f"content part type {part.type!r} is not supported")
+            raise ValidationError(f"{what} (this model reads text, image_url and video_url parts)",
                                   param=f"{param}.type", code="unsupported")
         if source is None or not source.url:
             raise ValidationError(f"a {part.type} part needs {part.type}.url", param=f"{param}.{part.type}")
