@@ -135,6 +135,22 @@ async def test_manual_commit_turn_then_response_create(llm_dir, speech_dir, ques
             await engine_answer(server, transcript, 4)
 
 
+async def test_response_create_right_after_commit_answers_the_committed_audio(llm_dir, speech_dir, question):
+    """As OpenAI's clients do it: commit and response.create back to back; the answer waits for the words."""
+    async with voice_server(llm_dir, speech_dir) as server, voice_client(server) as client:
+        await client.update(turn_detection=None, temperature=0, max_output_tokens=3)
+        await client.stream(question, pace=float("inf"))
+        await client.send("input_audio_buffer.commit")
+        await client.send("response.create")
+        events = await client.until("response.done")
+        assert not of_type(events, "error")
+        types = [e["type"] for e in events]
+        assert types.index("conversation.item.input_audio_transcription.completed") < types.index("response.created")
+        transcript = of_type(events, "conversation.item.input_audio_transcription.completed")[0]["transcript"]
+        assert "".join(d["delta"] for d in of_type(events, "response.output_text.delta")) == \
+            await engine_answer(server, transcript, 3)
+
+
 async def test_commit_of_an_empty_buffer_is_an_error_and_the_connection_lives(llm_dir, speech_dir):
     async with voice_server(llm_dir, speech_dir) as server, voice_client(server) as client:
         await client.send("input_audio_buffer.commit")

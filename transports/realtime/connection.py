@@ -158,7 +158,8 @@ class RealtimeConnection:
             case ConversationItemCreate():
                 self._item_create(event)
             case ResponseCreate():
-                self._response_create(event.response)
+                if not self.voice.defer_response(event.response):
+                    self._response_create(event.response)
             case ResponseCancel():
                 self._response_cancel(event.response_id)
             case InputAudioBufferAppend():

@@ -59,6 +59,8 @@ class VoiceInput:
         self.conn, self.link = conn, link
         self.item_id: str | None = None  # the user item the current turn's audio becomes
         self.num_uncommitted_samples = 0
+        self.num_pending_commits = 0  # commits whose transcript is not complete yet
+        self._deferred: list = []  # response.create options that wait for those transcripts
         self._heard: list[str] = []  # every turn's transcript, for vLLM's transcription.done
 
     @property
@@ -89,13 +91,23 @@ class VoiceInput:
             raise RealtimeError("input_audio_buffer_commit_empty", "the input audio buffer holds no audio since the "
                                 "last commit")
         self.num_uncommitted_samples = 0
+        self.num_pending_commits += 1
         self.item_id = self.item_id or new_id("item")
         self.link.commit(final)
+
+    def defer_response(self, options) -> bool:
+        """response.create right after a commit answers the committed audio: it waits for the transcript
+        (OpenAI creates the item at commit and transcribes beside it; here the words come first)."""
+        if not self.num_pending_commits:
+            return False
+        self._deferred.append(options)
+        return True
 
     def clear(self) -> None:
         if self.link is not None:
             self.link.clear()
         self.num_uncommitted_samples = 0
+        self.num_pending_commits, self._deferred = 0, []
         if self.item_id is not None and self.conn.state is State.STREAMING:
             self.conn._drop_input()  # the words of the cleared turn leave the prompt too
         self.item_id = None
@@ -150,8 +162,13 @@ class VoiceInput:
                                                           usage=TranscriptUsage(round(event.audio_s, 3))))
         if event.final:
             self.conn._out.append(TranscriptionDone(text=" ".join(self._heard)))
+        if event.by_commit and self.num_pending_commits:
+            self.num_pending_commits -= 1
+            if self._deferred:
+                self.conn._response_create(self._deferred.pop(0))
+                return
         turn = self.conn.settings.turn_detection
-        auto = turn is not None and turn.create_response and not event.final
+        auto = turn is not None and turn.create_response and not event.final and not event.by_commit
         if text and auto and self.conn.state is State.COMMITTED:
             self.conn._response_create(None)
 

@@ -23,7 +23,7 @@ How (rill.speech.vad, rill.speech.prefix_agreement):
   minute. Passes of all streams meet in the speech worker, which batches them.
 - Memory is bounded: the stream keeps the open segment (at most one window), closed segments that
   wait for their final pass and audio not yet labelled; `wait_for_room` holds the source while
-  that backlog is over `max_backlog_s`.
+  the last two are over `max_backlog_s`.
 Nothing here runs a model on the trio thread: the VAD runs in `trio.to_thread`, passes in the
 speech worker.
 """
@@ -155,10 +155,11 @@ class LiveTranscriber:
 
     @property
     def backlog_s(self) -> float:
-        """Audio taken but not yet final: incoming, the open segment, closed ones awaiting their pass."""
+        """Audio taken but not yet worked through: not yet labelled, or in closed segments that wait for
+        their final pass. The open segment is not counted: the model's window bounds it, and it only
+        closes when more audio comes (counting it, a full window would wait for room forever)."""
         pending = sum(s.num_samples for s in self._closed if isinstance(s, _Segment))
-        open_samples = self._open.num_samples if self._open else 0
-        return (self._num_incoming + pending + open_samples) / SAMPLE_RATE
+        return (self._num_incoming + pending) / SAMPLE_RATE
 
     def feed(self, samples: np.ndarray) -> None:
         """16 kHz mono float32, in stream order."""
