@@ -65,6 +65,7 @@ class SessionStatus(msgspec.Struct):
     num_chunks_received: int
     num_payload_bytes: int
     object: str = "streaming_input.session"
+    transcript: str | None = None  # audio chunks: the words recognised so far
 
 
 class FinishRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -184,6 +185,7 @@ def _status(session: StreamingSession) -> SessionStatus:
         session.session_id, session.state, session.close_reason, session.created_at,
         session.expires_in_s(_manager().clock()), _started(session), session.next_sequence_id,
         session.window.num_pending, session.num_chunks_received, session.num_payload_bytes,
+        transcript=session.run.audio.transcript if session.run is not None and session.run.audio is not None else None,
     )
 
 

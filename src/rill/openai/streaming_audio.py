@@ -61,6 +61,7 @@ class RunAudio:
         self.num_open_commits = 0
         self.has_uncommitted = False
         self.finish_pending = False
+        self.transcript = ""  # every word recognised so far (Mode B's session status shows it)
         run.manager.start_soon(self._run)
 
     async def _run(self) -> None:
@@ -122,8 +123,10 @@ class RunAudio:
 
     def _handle(self, event: LiveEvent) -> None:
         run = self.run
+        if isinstance(event, TranscriptDelta):
+            self.transcript += self._spaced(event.text, self.transcript)
         if isinstance(event, TranscriptDelta) and not self.per_chunk:
-            run._guard(lambda: run._apply(InputChunk(payload=self._spaced(event.text))))
+            run._guard(lambda: run._apply(InputChunk(payload=self._spaced(event.text, run.text))))
         elif isinstance(event, TranscriptDone):
             if self.per_chunk and event.text:
                 run._guard(lambda: run._apply(InputChunk(payload=event.text)))
@@ -134,9 +137,9 @@ class RunAudio:
             run._guard(lambda: _raise(UnsupportedModality(f"speech recognition failed: {event.message}",
                                                           param="payload", code="speech_failed")))
 
-    def _spaced(self, text: str) -> str:
+    @staticmethod
+    def _spaced(text: str, before: str) -> str:
         """A turn's first words start without a space: one goes between them and text before them."""
-        before = self.run.text
         if before and not before[-1].isspace() and text and not text[0].isspace():
             return " " + text
         return text
