@@ -9,6 +9,7 @@
     rill bench scale            open sessions and concurrent SSE streams one process holds, memory per session
     rill bench transcribe       speech to text: rill vs. transformers and faster-whisper, real-time factor
     rill bench kv-memory        KV bytes of a 32k-token Gemma-3-shaped sequence: per-layer windows vs full attention
+    rill bench voice            speech over /v1/realtime: transcript lag, end of speech to first token, streams
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -31,6 +32,7 @@ COMMANDS = {
     "scale": ("scale", "10,000 open sessions and 1,000 concurrent SSE streams in one rill serve: memory, errors"),
     "transcribe": ("transcribe", "speech to text at batch 1 and 16 concurrent: rill, transformers, faster-whisper"),
     "kv-memory": ("kv_memory", "KV bytes one long sequence holds: per-layer windows vs full attention, no model"),
+    "voice": ("voice", "spoken questions over /v1/realtime: transcript lag, first answer token, concurrent streams"),
 }
 
 

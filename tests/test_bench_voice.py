@@ -1,0 +1,34 @@
+"""`rill bench voice` end to end on random-weight models (a small LLM and a Whisper with a 5 s window):
+it serves, streams espeak-ng questions over /v1/realtime, and writes its JSON and PNG. Numbers from
+random weights mean nothing; the test pins that every measurement is there and sane in kind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from helpers_models import make_model_dir
+from helpers_whisper import make_whisper_dir
+from rill.bench import main as bench_main
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng makes the questions")]
+
+
+def test_bench_voice_writes_every_measurement(tmp_path):
+    llm = make_model_dir(tmp_path / "llm", "mistral")
+    speech = make_whisper_dir(tmp_path / "whisper", multilingual=False, max_source_positions=250,
+                              max_target_positions=64)
+    out = tmp_path / "voice.json"
+    assert bench_main(["voice", "--llm", str(llm), "--speech-model", str(speech), "--n", "2", "--streams", "1,2",
+                       "--max-tokens", "4", "--threads", "1", "--json", str(out), "--cache-dir",
+                       str(tmp_path / "cache"), "--no-progress"]) == 0
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    first = result["first_token_ms"]
+    assert first["manual_commit"] > 0 and first["baseline_transcribe_then_chat"] > 0
+    assert first["server_vad"] > result["config"]["silence_ms"]  # the VAD waits for its silence first
+    assert [s["streams"] for s in result["concurrency"]] == [1, 2]
+    assert len(result["turns"]) == 2 and all("lags_s" in t for t in result["turns"])
