@@ -28,10 +28,10 @@ import trio
 from trio_websocket import open_websocket_url
 
 from rill.scaling import nginx as nginx_config
-from rill.scaling.replica import owner
+from rill.scaling.replica import ROUTED_HEADER, owner, redirect_for
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
-pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx)")
+needs_nginx = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian: apt-get install nginx)")
 
 START_TIMEOUT_S = 240  # two replicas load rill-tiny at once on a busy 2-core machine
 GREEDY = {"temperature": 0, "max_tokens": 48}
@@ -169,6 +169,7 @@ async def create_session(client: httpx.AsyncClient) -> str:
     return session_id
 
 
+@needs_nginx
 async def test_sessions_created_through_nginx_land_on_both_replicas_and_each_completes(cluster):
     async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as client:
         ids = [await create_session(client) for _ in range(4)]
@@ -180,6 +181,7 @@ async def test_sessions_created_through_nginx_land_on_both_replicas_and_each_com
 # -- stored responses ------------------------------------------------------------------------------------------
 
 
+@needs_nginx
 async def test_stored_responses_are_read_from_their_owner_and_continued_there(cluster):
     sdk = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="key-1")  # a response is its key's
     first = [await sdk.responses.create(model="rill-tiny", input="What is 347 + 58?", temperature=0,
@@ -215,6 +217,7 @@ async def chunks_received(cluster: Cluster) -> int:
     return total
 
 
+@needs_nginx
 async def test_a_mode_a_upload_reaches_the_replica_line_by_line_through_nginx(cluster):
     before = await chunks_received(cluster)
 
@@ -237,6 +240,7 @@ async def test_a_mode_a_upload_reaches_the_replica_line_by_line_through_nginx(cl
     assert content.endswith("347 + 58 = 405"), content
 
 
+@needs_nginx
 async def test_a_realtime_conversation_runs_through_nginx(cluster):
     ws_url = cluster.url.replace("http://", "ws://") + "/v1/realtime"
     async with open_websocket_url(ws_url) as ws:
@@ -259,6 +263,7 @@ async def test_a_realtime_conversation_runs_through_nginx(cluster):
 # -- a replica that stops (last: it stops one) -----------------------------------------------------------------
 
 
+@needs_nginx
 async def test_a_stopped_replica_is_taken_out_its_sessions_get_a_clear_error(cluster):
     async with httpx.AsyncClient(base_url=cluster.url, timeout=60) as client:
         ids = [await create_session(client) for _ in range(2)]
@@ -289,3 +294,23 @@ def test_nginx_config_refuses_bad_replicas_and_names_each_route():
             nginx_config.main(["--listen", "127.0.0.1:8080", *bad])
     with pytest.raises(SystemExit):  # two replicas of one name
         nginx_config.main(["--listen", "127.0.0.1:8080", "--replica", "a=h:1", "--replica", "a=h:2"])
+
+
+def test_a_body_naming_another_replicas_state_is_sent_to_that_replica_once():
+    def body(**fields) -> bytes:
+        return json.dumps({"model": "m", "input": "hi", **fields}).encode()
+
+    path = "/v1/responses"
+    assert redirect_for("a", body(previous_response_id="b.resp_1"), path) == "/_rill/replica/b/v1/responses"
+    assert redirect_for("a", body(streaming_input={"session_id": "web-2.sess_9"}), path) == \
+        "/_rill/replica/web-2/v1/responses"
+    assert redirect_for("a", body(previous_response_id="a.resp_1"), path) is None  # its own
+    assert redirect_for("a", body(previous_response_id="resp_1"), path) is None  # no replica named
+    assert redirect_for("a", body(previous_response_id="b.resp_1"), path, routed=True) is None  # came via b's path
+    assert redirect_for(None, body(previous_response_id="b.resp_1"), path) is None  # not behind a router
+    two = body(previous_response_id="b.resp_1", streaming_input={"session_id": "c.sess_2"})
+    assert redirect_for("a", two, path) is None  # names two owners: the replica answers (404) itself
+    for bad in (b"{not json", b'{"previous_response_id": 5}', b"[]"):
+        assert redirect_for("a", bad, path) is None  # the handler reports what is wrong with it
+    assert owner("b.resp_1") == "b" and owner("b..x") == "b" and owner(".x") is None and owner("a b.x") is None
+    assert ROUTED_HEADER == "X-Rill-Routed"

@@ -38,6 +38,13 @@ class Ranks:
         self.store = master_store(size)
         self.procs: list = []
         self.conns: list = []
+        self.failure: RankFailedError | None = None
+        self._listeners: list[Callable[[BaseException], None]] = []
+        self._closing = False
+        self._monitor_thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()  # wakes the monitor at close
+        # Stops the ranks at close(), or at interpreter exit if nobody closed them (even mid-spawn).
+        self._stop = weakref.finalize(self, _stop_all, self.procs, self.conns, self._wake_r, self._wake_w)
         threads = max(1, torch.get_num_threads() // size)
         for rank in range(1, size):
             ours, theirs = ctx.Pipe()
@@ -47,12 +54,6 @@ class Ranks:
             theirs.close()  # only the child holds its end: its death closes the pipe
             self.procs.append(proc)
             self.conns.append(ours)
-        self.failure: RankFailedError | None = None
-        self._listeners: list[Callable[[BaseException], None]] = []
-        self._closing = False
-        self._monitor_thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = os.pipe()  # wakes the monitor at close
-        self._stop = weakref.finalize(self, _stop_all, self.procs, self.conns, self._wake_r, self._wake_w)
 
     @property
     def pids(self) -> list[int]:
@@ -114,7 +115,8 @@ class Ranks:
         ready = wait([*sentinels, self._wake_r])
         if self._closing or self._wake_r in ready:
             return
-        self.failure = _rank_exited(*next(sentinels[s] for s in ready if s in sentinels))
+        rank, proc = next(sentinels[s] for s in ready if s in sentinels)
+        self.failure = _rank_exited(rank, proc, _reported(self.conns[rank - 1]))
         log.error("%s: the engine is dead", self.failure)
         on_death()
         for listener in self._listeners:
@@ -150,6 +152,15 @@ def _stop_all(procs, conns, wake_r: int, wake_w: int) -> None:
         conn.close()
     os.close(wake_r)
     os.close(wake_w)
+
+
+def _reported(conn) -> str:
+    """': <the error>' when the rank sent Failed before exiting, else ''."""
+    try:
+        reply = conn.recv() if conn.poll() else None
+    except (EOFError, OSError):
+        return ""
+    return f": {_last_line(reply.error)}" if isinstance(reply, wire.Failed) else ""
 
 
 def _rank_exited(rank: int, proc, cause: str = "") -> RankFailedError:

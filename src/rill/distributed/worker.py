@@ -11,8 +11,8 @@ after reporting it up the pipe when it still can.
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -22,8 +22,11 @@ import torch
 
 from rill.distributed import wire
 from rill.distributed.group import TPGroup, rank_device
-
-log = logging.getLogger("rill.distributed")
+from rill.engine.kv_layout import KVLayout
+from rill.engine.model_runner import ModelRunner
+from rill.models.config import load_model_config
+from rill.models.loader import load_generation_config, resolve_model_dir
+from rill.models.parallel_loader import load_model_shard
 
 PARENT_POLL_S = 1.0
 
@@ -48,17 +51,13 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # rank 0 is gone or closed the pipe: nothing to report to
     except BaseException:
-        _reply(conn, wire.Failed(traceback.format_exc()))
+        error = traceback.format_exc()
+        sys.stderr.write(f"rill: tensor-parallel rank {spec.rank} failed:\n{error}")  # into rank 0's log
+        _reply(conn, wire.Failed(error))
         raise SystemExit(1) from None
 
 
 def _serve(spec: WorkerSpec, conn) -> None:
-    from rill.engine.kv_layout import KVLayout
-    from rill.engine.model_runner import ModelRunner
-    from rill.models.loader import load_generation_config, resolve_model_dir
-    from rill.models.config import load_model_config
-    from rill.models.parallel_loader import load_model_shard
-
     config = spec.config
     conn.send(wire.Ready())  # started: rank 0 joins the group only once every rank can
     group = TPGroup.join(spec.rank, spec.size, rank_device(config.device, spec.rank), port=spec.store_port)
