@@ -5,12 +5,23 @@ import { chatBody, streamChat } from "./chat.js";
 import { Conversation } from "./conversation.js";
 import { startMetrics } from "./metrics.js";
 import { FallBack, TypeAhead } from "./typeahead.js";
+import { Voice } from "./voice.js";
 
 const $ = (id) => document.getElementById(id);
 const conversation = new Conversation($("log"));
 const typeAhead = new TypeAhead(showTypeAheadStatus);
 let version = 0;  // bumped when the conversation changes: a type-ahead socket replays the old one
 let busy = null;  // {stop} while an answer streams
+const voice = new Voice({
+  context: () => typeAheadContext(sessionSettings()),
+  conversation,
+  onStatus: (text) => { $("voice-status").textContent = text; },
+  onTurn: voiceTurn,
+  onEnd: () => {
+    $("mic").setAttribute("aria-pressed", "false");
+    $("mic").textContent = "Microphone";
+  },
+});
 
 /** The settings a type-ahead connection depends on (the extra fields only go with SSE). */
 function sessionSettings() {
@@ -118,6 +129,40 @@ function answerSSE(s, view) {
   return streamChat(chatBody(s, [...system, ...conversation.messages]), view, controller.signal);
 }
 
+/** The microphone button: a voice session over /v1/realtime, until pressed again. */
+async function toggleMic() {
+  if (voice.active) {
+    voice.stop();
+    return;
+  }
+  if (busy) return;
+  typeAhead.close();
+  $("mic").setAttribute("aria-pressed", "true");
+  $("mic").textContent = "Stop listening";
+  try {
+    await voice.start();
+  } catch (error) {
+    voice.stop();
+    $("voice-status").textContent = `Microphone: ${error.message}`;
+  }
+}
+
+/** A spoken turn's answer streams into `view`; Stop cancels it, speaking again interrupts it. */
+async function voiceTurn(view, done) {
+  setBusy({ stop: () => voice.cancel() });
+  try {
+    view.finish(await done);
+    version += 1;
+    announce("Answer complete.");
+  } catch (error) {
+    if (error.name === "AbortError") view.finish({ tokens: null, status: "stopped" });
+    else view.fail(error.message);
+  } finally {
+    setBusy(null);
+    $("log").lastElementChild?.scrollIntoView({ block: "end" });
+  }
+}
+
 function setBusy(value) {
   busy = value;
   $("send").disabled = value !== null;
@@ -134,6 +179,7 @@ function announce(text) {
 
 function newChat() {
   stop();
+  if (voice.active) voice.stop();
   conversation.clear();
   version += 1;
   typeAhead.close();
@@ -191,6 +237,11 @@ function main() {
   $("typeahead").addEventListener("change", () => $("typeahead").checked ? syncTypeAhead() : typeAhead.close());
   $("stop").addEventListener("click", stop);
   $("new-chat").addEventListener("click", newChat);
+  $("mic").addEventListener("click", toggleMic);
+  if (!navigator.mediaDevices?.getUserMedia || !window.AudioWorkletNode) {
+    $("mic").disabled = true;
+    $("voice-status").textContent = "This browser cannot capture audio here (it needs https or localhost).";
+  }
   startMetrics({ running: $("m-running"), waiting: $("m-waiting"), kv: $("m-kv"), tps: $("m-tps"),
                  realtime: $("m-realtime") }, $("metrics-status"));
   loadModels();

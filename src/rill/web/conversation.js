@@ -36,6 +36,7 @@ export class AnswerView {
     this.item = item;
     this.startedAt = startedAt;
     this.via = via;
+    this.after = "Enter";  // what the time to the first token is counted from
     this.keep = keep;
     this.firstTokenAt = null;
     this.content = "";
@@ -89,7 +90,7 @@ export class AnswerView {
     const endedAt = performance.now();
     const parts = [];
     if (tokens !== null) parts.push(`${tokens} tokens`);
-    if (this.ttftMs !== null) parts.push(`first token ${Math.round(this.ttftMs)} ms after Enter`);
+    if (this.ttftMs !== null) parts.push(`first token ${Math.round(this.ttftMs)} ms after ${this.after}`);
     const decodeS = (endedAt - (this.firstTokenAt ?? endedAt)) / 1000;
     if (tokens > 1 && decodeS > 0) parts.push(`${((tokens - 1) / decodeS).toFixed(0)} tokens/s`);
     parts.push(`via ${this.via}`);

@@ -1,0 +1,161 @@
+"""The web page's microphone in a real browser: headless Chromium with its fake audio capture fed an
+espeak-ng WAV (`--use-file-for-fake-audio-capture`), against `rill serve` on 127.0.0.1 with a speech
+model. The page's AudioWorklet taps the samples, sends PCM16 over /v1/realtime, shows the transcript
+as it is recognised and the answer after the server's VAD ends the turn.
+
+With a random-weight Whisper the transcript is gibberish, so that test pins the flow (a user message
+that filled in while speaking, an answer with its stats, no console errors); with rill-tiny-speech
+(skipped when this build lacks it) the spoken "What is twelve plus thirty?" is answered with 42.
+Needs what tests/test_web_page.py needs (selenium, Debian's chromium and chromium-driver)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from helpers_whisper import make_whisper_dir
+from rill.speech.async_speech import speech_model_available
+
+SERVE_TIMEOUT_S = 120
+TURN_TIMEOUT_S = 90
+
+
+def _missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[web]')"
+    for tool, package in (("chromium", "chromium"), ("chromedriver", "chromium-driver"), ("espeak-ng", "espeak-ng")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (Debian: apt-get install {package})"
+    return None
+
+
+_MISSING = _missing()
+if _MISSING is not None and os.environ.get("RILL_BROWSER_TESTS") == "required" and "espeak" not in _MISSING:
+    raise RuntimeError(f"RILL_BROWSER_TESTS=required but {_MISSING}")
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+
+if _MISSING is None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+
+@contextmanager
+def rill_serve(tmp_path: Path, *flags: str):
+    """`rill serve` on a free port: yields its URL; SIGINT at the end, then kill if it lingers."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    log_path = tmp_path / f"serve-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "rill", "serve", "--port", "0", *flags],
+                                   stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + SERVE_TIMEOUT_S
+        while not (match := re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", log_path.read_text())):
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+            time.sleep(0.1)
+        yield match[1]
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def spoken_wav(path: Path, text: str) -> Path:
+    """espeak-ng's speech with 0.5 s of silence before and 2 s after (the VAD's end of turn), 16 kHz."""
+    from rill.tiny_speech.synth import synthesize
+    from rill.tiny_speech.voices import Voice
+
+    speech = synthesize(text, Voice("en-us", "", 150, 50, 100, 0))
+    audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(32000, np.float32)])
+    soundfile.write(path, audio, 16000, subtype="PCM_16")
+    return path
+
+
+@contextmanager
+def browser_hearing(wav: Path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1100,760", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                 f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(browser, condition, what: str, timeout_s: float = TURN_TIMEOUT_S):
+    return WebDriverWait(browser, timeout_s, poll_frequency=0.05).until(condition, f"waited {timeout_s} s for {what}")
+
+
+def speak_to_the_page(url: str, wav: Path, llm: str) -> tuple[list[str], str, str, list[dict]]:
+    """Open the page, pick `llm`, press Microphone; (user message texts seen, final user text, answer, stats,
+    console errors) once the answer's stats line is there."""
+    with browser_hearing(wav) as browser:
+        browser.get(url)
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"#model option[value='{llm}']"), "the model list")
+        browser.execute_script(f"document.getElementById('model').value = {llm!r}")
+        browser.find_element(By.ID, "mic").click()
+        seen = []
+
+        def user_text(d):
+            nodes = d.find_elements(By.CSS_SELECTOR, "#log li.user .content")
+            if nodes and nodes[-1].text and (not seen or seen[-1] != nodes[-1].text):
+                seen.append(nodes[-1].text)
+            return d.find_elements(By.CSS_SELECTOR, "#log li.assistant .stats")
+
+        wait(browser, user_text, "the answer's stats line")
+        assert browser.find_element(By.ID, "mic").get_attribute("aria-pressed") == "true"
+        user = browser.find_element(By.CSS_SELECTOR, "#log li.user .content").text
+        answer = browser.find_element(By.CSS_SELECTOR, "#log li.assistant .content").text
+        stats = browser.find_element(By.CSS_SELECTOR, "#log li.assistant .stats").text
+        browser.find_element(By.ID, "mic").click()  # stop listening
+        assert browser.find_element(By.ID, "mic").get_attribute("aria-pressed") == "false"
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        shot = os.environ.get("RILL_WEB_VOICE_SCREENSHOT")
+        if shot:
+            browser.save_screenshot(shot)
+    return seen, user, answer + "\n" + stats, errors
+
+
+def test_microphone_turn_is_transcribed_and_answered(tmp_path):
+    speech_dir = make_whisper_dir(tmp_path / "whisper", multilingual=False, max_source_positions=250,
+                                  max_target_positions=64)
+    wav = spoken_wav(tmp_path / "question.wav", "What is twelve plus thirty?")
+    with rill_serve(tmp_path, "--speech-model", str(speech_dir)) as url:
+        seen, user, answer, errors = speak_to_the_page(url, wav, "rill-tiny")
+    assert user and seen[-1] == user
+    assert re.search(r"first token \d+ ms after you stopped speaking · (\d+ tokens/s · )?via voice, realtime",
+                     answer), answer
+    assert errors == []
+
+
+@pytest.mark.skipif(not speech_model_available("rill-tiny-speech"), reason="rill-tiny-speech is not in this build")
+def test_spoken_question_in_the_browser_is_answered_with_42(tmp_path):
+    wav = spoken_wav(tmp_path / "question.wav", "What is twelve plus thirty?")
+    with rill_serve(tmp_path) as url:
+        seen, user, answer, errors = speak_to_the_page(url, wav, "rill-tiny")
+    assert "12" in user and "30" in user, user
+    assert "42" in answer, answer
+    assert errors == []
