@@ -22,7 +22,7 @@ VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
-DEFAULT_VOCAB_SIZE = 384
+DEFAULT_VOCAB_SIZE = 512  # room for every question word and every answer word as one token
 MODEL_MAX_LENGTH = 4096
 
 # Qwen2-VL-Instruct's template (add_vision_id included) less the default system turn.

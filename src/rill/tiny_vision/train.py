@@ -33,6 +33,7 @@ from rill.tiny_vision import model as shapes
 from rill.tiny_vision import tokenizer as tok
 
 TOKENIZER_SAMPLE = 4000  # rendered training turns the BPE merges are learned from
+ANSWER_WORD_WEIGHT = 200
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch-size", type=int, default=32, help="examples per step (fresh ones every step)")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (3e-3 let the vision features "
+                   "blow up, std ~50, and the model answer from priors alone)")
     p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
     p.add_argument("--workers", type=int, default=1, help="drawing worker processes")
@@ -66,7 +68,9 @@ def tokenizer_texts(seed: int, n: int = TOKENIZER_SAMPLE) -> list[str]:
         family = rng.choice(tasks.FAMILIES)
         question = rng.choice(tasks.QUESTIONS[family])
         texts.append(f"user\n{question}\nassistant\n")
-    texts += [str(n) for n in range(1000)] + list(tasks.ANSWER_WORDS)
+    # Answer words many times over, so each is one token: split ones ("bl" + "ue", "bl" + "ack") make the
+    # first answer token ambiguous and hide most of an answer's loss in its predictable tail.
+    texts += [str(n) for n in range(1000)] + list(tasks.ANSWER_WORDS) * ANSWER_WORD_WEIGHT
     return texts
 
 
