@@ -16,7 +16,7 @@ import trio
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, wait_for  # noqa: F401
 from helpers_voice import needs_espeak, pcm16_b64, silence, speak, voice_server
-from helpers_whisper import make_whisper_dir, synthetic_audio
+from helpers_whisper import make_whisper_dir
 
 pytestmark = needs_espeak
 SESSIONS = "/v1/streaming_input/sessions"
@@ -121,8 +121,9 @@ async def test_a_malformed_audio_chunk_is_400_and_the_session_lives(llm_dir, spe
         assert result.status_code == 200 and result.json()["choices"][0]["message"]["role"] == "assistant"
 
 
-async def test_mode_b_audio_past_the_backlog_is_429_then_accepted(llm_dir, speech_dir):
-    noise = synthetic_audio(8.0, seed=4)  # 256 KB of PCM16: one chunk at the default chunk limit
+async def test_mode_b_audio_past_the_backlog_is_429_then_accepted(llm_dir, speech_dir, question):
+    # 8 s of speech (256 KB of PCM16: one chunk at the default chunk limit) in turns of one question each
+    noise = np.tile(question, 8 * RATE // len(question) + 1)[:8 * RATE]
     async with voice_server(llm_dir, speech_dir) as server, \
             httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         created = await client.post(SESSIONS, json={"messages": [], "max_tokens": 1, "temperature": 0})

@@ -48,7 +48,6 @@ CUT_SEARCH_S = 1.5  # a full window is cut at its quietest frame within this muc
 WINDOW_MARGIN_S = 0.25  # a segment is cut this much before it would fill the model's window
 TOKENS_PER_S = 12  # a pass decodes at most this many tokens per second of audio (plus MIN_TOKENS)
 MIN_TOKENS = 8
-MIN_PASS_S = 0.3  # a segment shorter than this gets no interim pass
 
 
 class LiveConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +55,10 @@ class LiveConfig(msgspec.Struct, frozen=True, kw_only=True):
     language: str | None = None
     prompt: str | None = None  # the decoder's previous-text prompt (input_audio_transcription.prompt)
     pass_interval_s: float = 0.3
+    # A segment's interim passes start once it holds this much audio: from less, a model trained on whole
+    # utterances guesses the question's frame, and two early passes can agree on the same wrong guess
+    # (rill-tiny-speech at 1,500 steps committed "Uppercase" 0.6 s into "Add 558 and 1").
+    min_interim_s: float = 1.0
     pause_ms: int = 250  # a segment closes at this much silence (at most silence_duration_ms)
     max_backlog_s: float = 30.0
     hold_last_word: bool = True
@@ -142,6 +145,7 @@ class LiveTranscriber:
         self._open: _Segment | None = None
         self._closed: deque[_Segment | _TurnEnd] = deque()
         self._generation = 0  # bumped by clear: results of passes begun before it are dropped
+        self._interim_scope: trio.CancelScope | None = None  # the interim pass in flight
         self._turn_words: list[str] = []
         self._turn_samples = 0
         self._num_labelled = 0  # samples through the VAD
@@ -274,6 +278,8 @@ class LiveTranscriber:
         if self._open is not None:
             self._closed.append(self._open)
             self._open = None
+            if self._interim_scope is not None:
+                self._interim_scope.cancel()
 
     def _cut_if_full(self) -> None:
         """A segment about to fill the model's window closes at its quietest point near the end; the
@@ -308,18 +314,24 @@ class LiveTranscriber:
             item = self._closed.popleft()
             return self._end_turn(item) if isinstance(item, _TurnEnd) else self._final_pass(item)
         segment = self._open
-        if segment is None or segment.num_samples < MIN_PASS_S * SAMPLE_RATE:
+        if segment is None or segment.num_samples < self.config.min_interim_s * SAMPLE_RATE:
             return None
         if segment.num_samples - segment.num_passed_samples < self.config.pass_interval_s * SAMPLE_RATE:
             return None
         return self._interim_pass(segment)
 
     async def _interim_pass(self, segment: _Segment) -> None:
+        """A pass over the open segment so far. Its segment closing meanwhile cancels it (the speech
+        worker drops the request): the final pass, which then starts at once, hears more."""
         generation, audio = self._generation, segment.samples()
         segment.num_passed_samples = len(audio)
-        text = await self._decode(audio, segment.agreement.prefix)
-        if generation == self._generation:
-            self._commit(segment.agreement.insert(text, speaking=segment is self._open))
+        with trio.CancelScope() as scope:
+            self._interim_scope = scope
+            text = await self._decode(audio, segment.agreement.prefix)
+        self._interim_scope = None
+        if scope.cancelled_caught or generation != self._generation:
+            return
+        self._commit(segment.agreement.insert(text, speaking=segment is self._open))
 
     async def _final_pass(self, segment: _Segment) -> None:
         generation, audio = self._generation, segment.samples()
