@@ -117,6 +117,8 @@ def test_tokenizer_has_qwen2_vl_special_tokens_and_single_digit_numbers(tokenize
     for token in tok.SPECIAL_TOKENS:
         assert tokenizer.encode(token, add_special_tokens=False).ids == [tokenizer.token_to_id(token)]
     assert len(tokenizer.encode("472", add_special_tokens=False).ids) == 3
+    for word in tasks.ANSWER_WORDS:  # one token each: the first answer token names the answer
+        assert len(tokenizer.encode(word, add_special_tokens=False).ids) == 1, word
     text = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What colour is the circle?<|im_end|>\n"
     assert tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) == text
 
