@@ -86,12 +86,22 @@ async def voice_server(llm_dir, speech_dir, server: ServerConfig | None = None, 
 
 
 class VoiceClient:
-    """A trio-websocket realtime client: JSON events, reads with a deadline, audio streamed at a pace."""
+    """A trio-websocket realtime client: JSON events, reads with a deadline, audio streamed at a pace.
+    A reader task takes each event off the socket as it comes (so `log` has true arrival times while
+    the test is busy streaming audio); `recv` hands them out in order."""
 
     def __init__(self, ws):
         self.ws = ws
         self._ids = itertools.count()
         self.log: list[tuple[float, dict]] = []  # every event received, with its arrival time
+        self._send, self._events = trio.open_memory_channel(float("inf"))
+
+    async def read_all(self) -> None:
+        async with self._send:
+            while True:
+                event = json.loads(await self.ws.get_message())
+                self.log.append((trio.current_time(), event))
+                self._send.send_nowait(event)
 
     async def send(self, type_: str, **fields) -> str:
         event_id = f"client_{next(self._ids)}"
@@ -100,9 +110,7 @@ class VoiceClient:
 
     async def recv(self, timeout_s: float = EVENT_TIMEOUT_S) -> dict:
         with trio.fail_after(timeout_s):
-            event = json.loads(await self.ws.get_message())
-        self.log.append((trio.current_time(), event))
-        return event
+            return await self._events.receive()
 
     async def until(self, type_: str, timeout_s: float = EVENT_TIMEOUT_S) -> list[dict]:
         events = []
@@ -128,9 +136,12 @@ class VoiceClient:
 async def voice_client(server: VoiceServer, listener: str = "http", **kwargs):
     async with open_websocket_url(server.realtime_url(listener), **kwargs) as ws:
         client = VoiceClient(ws)
-        created = await client.recv()
-        assert created["type"] == "session.created", created
-        yield client
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.read_all)
+            created = await client.recv()
+            assert created["type"] == "session.created", created
+            yield client
+            nursery.cancel_scope.cancel()
 
 
 def of_type(events: list[dict], type_: str) -> list[dict]:

@@ -48,6 +48,9 @@ CUT_SEARCH_S = 1.5  # a full window is cut at its quietest frame within this muc
 WINDOW_MARGIN_S = 0.25  # a segment is cut this much before it would fill the model's window
 TOKENS_PER_S = 12  # a pass decodes at most this many tokens per second of audio (plus MIN_TOKENS)
 MIN_TOKENS = 8
+# A pass that hears this much past the last speech frame has heard the whole word: when speech pauses,
+# a pass starts at once, and if the segment then closes that pass's words are final (no final pass).
+COVER_SAMPLES = 3 * 480
 
 
 class LiveConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,7 +105,20 @@ class _Segment:
     audio: list[np.ndarray] = field(default_factory=list)
     num_samples: int = 0
     agreement: PrefixAgreement = field(default_factory=PrefixAgreement)
-    num_passed_samples: int = 0  # audio the latest pass heard
+    num_passed_samples: int = 0  # audio the latest pass began with
+    speech_end: int = 0  # stream index after the segment's last speech frame (the VAD's)
+    num_heard_samples: int = 0  # audio the latest completed interim pass heard
+
+    @property
+    def heard_all_speech(self) -> bool:
+        """The latest completed interim pass heard every speech frame (and a margin after): what it said
+        is what a final pass would say, so the segment can close on it without another pass."""
+        return self.num_heard_samples > 0 and self.start + self.num_heard_samples >= self.speech_end + COVER_SAMPLES
+
+    @property
+    def speech_has_paused(self) -> bool:
+        """The VAD heard COVER_SAMPLES of non-speech after the last speech frame."""
+        return self.start + self.num_samples >= self.speech_end + COVER_SAMPLES
 
     def add(self, samples: np.ndarray) -> None:
         if len(samples):
@@ -242,6 +258,8 @@ class LiveTranscriber:
             cursor = at
             self._on_activity(event)
         self._route(samples[cursor - start:], cursor)
+        if self._open is not None:
+            self._open.speech_end = max(self._vad.speech_end, self._open.start)
         self._cut_if_full()
 
     def _route(self, piece: np.ndarray, at: int) -> None:
@@ -278,8 +296,10 @@ class LiveTranscriber:
         if self._open is not None:
             self._closed.append(self._open)
             self._open = None
-            if self._interim_scope is not None:
-                self._interim_scope.cancel()
+            covers = self._closed[-1].start + self._closed[-1].num_passed_samples >= \
+                self._closed[-1].speech_end + COVER_SAMPLES
+            if self._interim_scope is not None and not covers:
+                self._interim_scope.cancel()  # it did not hear the end: the final pass will, starting now
 
     def _cut_if_full(self) -> None:
         """A segment about to fill the model's window closes at its quietest point near the end; the
@@ -316,8 +336,11 @@ class LiveTranscriber:
         segment = self._open
         if segment is None or segment.num_samples < self.config.min_interim_s * SAMPLE_RATE:
             return None
-        if segment.num_samples - segment.num_passed_samples < self.config.pass_interval_s * SAMPLE_RATE:
-            return None
+        new = segment.num_samples - segment.num_passed_samples
+        unheard_end = segment.speech_has_paused and segment.start + segment.num_passed_samples < \
+            segment.speech_end + COVER_SAMPLES
+        if new < self.config.pass_interval_s * SAMPLE_RATE and not unheard_end:
+            return None  # nothing new enough, unless speech just paused: then a pass hears its end now
         return self._interim_pass(segment)
 
     async def _interim_pass(self, segment: _Segment) -> None:
@@ -331,12 +354,16 @@ class LiveTranscriber:
         self._interim_scope = None
         if scope.cancelled_caught or generation != self._generation:
             return
-        self._commit(segment.agreement.insert(text, speaking=segment is self._open))
+        segment.num_heard_samples = len(audio)
+        self._commit(segment.agreement.insert(text, speaking=not segment.heard_all_speech))
 
     async def _final_pass(self, segment: _Segment) -> None:
         generation, audio = self._generation, segment.samples()
-        text = await self._decode(audio, segment.agreement.prefix)
-        self.num_final_passes += 1
+        if segment.heard_all_speech:  # the last interim pass heard it all: its words are the final ones
+            text = segment.agreement.unconfirmed
+        else:
+            text = await self._decode(audio, segment.agreement.prefix)
+            self.num_final_passes += 1
         if generation == self._generation:
             self._turn_samples += len(audio)
             self._commit(segment.agreement.finish(text))
