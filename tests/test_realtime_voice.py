@@ -77,6 +77,7 @@ async def test_session_shows_server_vad_by_default_and_takes_both_update_forms(l
     ({"turn_detection": {"type": "server_vad", "threshold": 2}}, "session.turn_detection.threshold"),
     ({"audio": {"input": {"turn_detection": {"silence_duration_ms": 5}}}}, "session.turn_detection.silence_duration_ms"),
     ({"input_audio_transcription": {"model": "whisper-1"}}, "session.input_audio_transcription.model"),
+    ({"input_audio_transcription": {"language": "fr"}}, "language"),  # the test model is English-only
 ])
 async def test_bad_voice_settings_get_one_error_and_change_nothing(llm_dir, speech_dir, session, param):
     async with voice_server(llm_dir, speech_dir) as server, voice_client(server) as client:

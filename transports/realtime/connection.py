@@ -174,11 +174,15 @@ class RealtimeConnection:
     def _session_update(self, event: SessionUpdate) -> None:
         config = event.session or SessionConfig()
         config.model = config.model or event.model
-        before, heard = self._prompt_shape(), self.voice.live_config()
+        before, heard, saved = self._prompt_shape(), self.voice.live_config(), dict(self.settings.__dict__)
         self.settings.update(config, self.serving, self._speech_models)
-        self._out.append(SessionUpdated(session=self.settings.wire(self.session_id)))
         if self.voice.live_config() != heard:
-            self.voice.reconfigure()
+            try:
+                self.voice.reconfigure()  # checks the transcription settings against the speech model
+            except Exception:
+                self.settings.__dict__.update(saved)  # a refused update changes nothing
+                raise
+        self._out.append(SessionUpdated(session=self.settings.wire(self.session_id)))
         if self._prompt_shape() != before:
             self._input_changed()
 

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import trio
 
+from rill.speech.decoding import TranscribeParams, validate_params
 from rill.speech.live import LiveConfig, LiveTranscriber
 
 
@@ -31,6 +32,9 @@ class LiveSpeechLink:
         return self._live
 
     def configure(self, config: LiveConfig) -> None:
+        """Raises ValidationError (and changes nothing) for a language or prompt the model cannot take."""
+        validate_params(self.speech.core.runtime.generation, TranscribeParams(language=config.language,
+                                                                              prompt=config.prompt))
         if self._scope is not None:
             self._scope.cancel()
             self._live.failed = True  # wakes a reader held by wait_for_room on the old recogniser
