@@ -17,7 +17,9 @@ How (rill.speech.vad, rill.speech.prefix_agreement):
 - While a segment is open it is decoded again whenever `pass_interval_s` of new audio has come and
   the previous pass is done: at most one pass per stream in flight, so a busy machine makes passes
   rarer rather than queueing them. Each pass forces the committed words as its prefix; words two
-  passes agree on go out at once. A closed segment gets one final pass that commits the rest.
+  passes agree on go out at once. A closed segment gets one final pass that commits the rest,
+  unless its last pass already heard all its speech: when the VAD hears speech pause, a pass starts
+  at once, so by the end of the turn's silence the last words are usually in.
 - A pass costs one encoder window (the audio is at most one window, padded as Whisper pads) plus
   the new words' decoder steps, however long the stream: an hour costs the same per second as a
   minute. Passes of all streams meet in the speech worker, which batches them.
