@@ -216,7 +216,8 @@ async def test_server_vad_turn_events_come_in_order_and_the_final_words_before_t
     done = events[-1][1]
     assert done.text == "".join(e.text for _, e in events if isinstance(e, TranscriptDelta))
     assert 0 < done.audio_s <= len(audio) / RATE
-    assert live.num_passes >= 3 and live.num_final_passes == 1
+    # one final pass, or none when the pass the pause started heard all the speech before the segment closed
+    assert live.num_passes >= 3 and live.num_final_passes <= 1
 
 
 @needs_espeak
@@ -243,7 +244,7 @@ async def test_a_long_stream_is_cut_into_windows_and_costs_the_same_per_second(w
     audio = synthetic_audio(12.0, seed=1)
     live, events = await run_live(whisper_dir, audio, LiveConfig(turn_detection=None, pass_interval_s=1.0),
                                   pace=4.0, then=lambda live: live.commit())
-    assert live.num_final_passes >= 3  # two cuts and the commit
+    assert live.num_final_passes >= 2  # the two cut heads (the commit's segment may close on its last pass)
     assert live.backlog_s == 0
 
 
