@@ -60,10 +60,12 @@ class LiveConfig(msgspec.Struct, frozen=True, kw_only=True):
     language: str | None = None
     prompt: str | None = None  # the decoder's previous-text prompt (input_audio_transcription.prompt)
     pass_interval_s: float = 0.3
-    # A segment's interim passes start once it holds this much audio: from less, a model trained on whole
-    # utterances guesses the question's frame, and two early passes can agree on the same wrong guess
-    # (rill-tiny-speech at 1,500 steps committed "Uppercase" 0.6 s into "Add 558 and 1").
-    min_interim_s: float = 1.0
+    # A segment's interim passes start once it holds this much audio (prefix padding included): from less,
+    # a model trained on whole utterances guesses the question's frame, and two early passes can agree on
+    # the same wrong guess (rill-tiny-speech's recipe at 1,500 steps committed "Uppercase" 0.6 s into "Add 558
+    # and 1"; at 3,000 steps, with 1.0 s, "What is the weather in" for "What is twelve plus thirty?", which
+    # with 1.5 s it heard as its offline transcript did). Less lag on a segment's first words costs this.
+    min_interim_s: float = 1.5
     pause_ms: int = 250  # a segment closes at this much silence (at most silence_duration_ms)
     max_backlog_s: float = 30.0
     hold_last_word: bool = True
