@@ -217,7 +217,7 @@ async def test_server_vad_turn_events_come_in_order_and_the_final_words_before_t
     assert done.text == "".join(e.text for _, e in events if isinstance(e, TranscriptDelta))
     assert 0 < done.audio_s <= len(audio) / RATE
     # one final pass, or none when the pass the pause started heard all the speech before the segment closed
-    assert live.num_passes >= 3 and live.num_final_passes <= 1
+    assert live.num_passes >= 2 and live.num_final_passes <= 1
 
 
 @needs_espeak
