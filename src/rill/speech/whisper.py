@@ -24,6 +24,7 @@ from rill.tokenizer import Tokenizer
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 RILL_TINY_SPEECH = "rill-tiny-speech"
+SMALL_QUERY = 16  # attention with at most this many queries (decoder steps, prompts) skips the flash kernel
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
                 "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -82,6 +83,13 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(dim, dim, bias=False)
         self.v_proj = nn.Linear(dim, dim)
         self.out_proj = nn.Linear(dim, dim)
+        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None  # fused by fuse_qkv() after loading
+
+    def fuse_qkv(self) -> None:
+        """q, k and v in one GEMM (a zero bias for k): one call over a 3x wider weight instead of three."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.v_proj.bias), self.v_proj.bias])
+        self.qkv = (weight.detach(), bias.detach())
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # [B, T, D] -> [B, H, T, Dh]
@@ -89,9 +97,26 @@ class Attention(nn.Module):
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention's scaled q, k and v, each [B, H, T, Dh]."""
+        if self.qkv is None:
+            return self.heads(self.q_proj(x) * self.scale), *self.project_kv(x)
+        q, k, v = F.linear(x, *self.qkv).chunk(3, dim=-1)
+        return self.heads(q * self.scale), self.heads(k), self.heads(v)
+
     def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
-        q = self.heads(self.q_proj(x) * self.scale)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)  # [B, H, T, Dh]
+        """Cross-attention of x's queries over precomputed k/v."""
+        return self.output(self.heads(self.q_proj(x) * self.scale), k, v, mask)
+
+    def output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
+        """q [B, H, T, Dh] (scaled) over k/v [B, H, L, Dh]; mask [B, 1, T, L], True where a query may look."""
+        if q.shape[-2] > SMALL_QUERY:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)  # [B, H, T, Dh]
+        else:  # a decoder step: two small matmuls beat the flash kernel's setup
+            scores = q @ k.transpose(-1, -2)  # [B, H, T, L]
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            out = scores.softmax(dim=-1) @ v
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 
@@ -106,8 +131,7 @@ class EncoderLayer(nn.Module):
         self.act = _ACTIVATIONS[cfg.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.self_attn_layer_norm(x)
-        x = x + self.self_attn.attend(h, *self.self_attn.project_kv(h))
+        x = x + self.self_attn.output(*self.self_attn.project_qkv(self.self_attn_layer_norm(x)))
         return x + self.fc2(self.act(self.fc1(self.final_layer_norm(x))))
 
 
@@ -175,12 +199,11 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, k_cache, v_cache, cross_k, cross_v, rows, positions, mask):
         # x [B, T, D]; k_cache/v_cache [B, H, L, Dh]; rows/positions [B, T] index where the new K/V go
-        h = self.self_attn_layer_norm(x)
-        k, v = self.self_attn.project_kv(h)
+        q, k, v = self.self_attn.project_qkv(self.self_attn_layer_norm(x))
         k_cache[rows, :, positions] = k.transpose(1, 2)  # advanced indices first: [B, T, H, Dh]
         v_cache[rows, :, positions] = v.transpose(1, 2)
         length = mask.shape[-1]
-        x = x + self.self_attn.attend(h, k_cache[:, :, :length], v_cache[:, :, :length], mask)
+        x = x + self.self_attn.output(q, k_cache[:, :, :length], v_cache[:, :, :length], mask)
         x = x + self.encoder_attn.attend(self.encoder_attn_layer_norm(x), cross_k, cross_v)
         return x + self.fc2(self.act(self.fc1(self.final_layer_norm(x))))
 
@@ -331,6 +354,8 @@ def load_whisper(path: str | Path, device: str | torch.device = "cpu", dtype: to
         model = WhisperModel(cfg)
     model = model.to_empty(device=device).to(dtype)
     _load_weights(model, model_dir)
+    for layer in (*model.encoder.layers, *model.decoder.layers):
+        layer.self_attn.fuse_qkv()
     name = RILL_TINY_SPEECH if str(path) == RILL_TINY_SPEECH else model_dir.name
     special = frozenset(i for i, token in tokenizer.added_tokens_decoder.items() if token.special)
     return WhisperRuntime(model_dir, name, model.eval(), cfg, generation, tokenizer, dtype, device, special)
