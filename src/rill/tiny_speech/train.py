@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spec-augment", type=float, default=0.3, help="share of clips with a time and a frequency mask")
     p.add_argument("--ctc-weight", type=float, default=0.3, help="weight of the auxiliary CTC loss on the encoder "
                    "(a training-only head; 0: none)")
+    p.add_argument("--init-from", type=Path, default=None, help="start from this model directory's weights (an "
+                   "earlier run or checkpoint of the same seed and shape) instead of random ones: a second phase")
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
     p.add_argument("--workers", type=int, default=None, help="synthesis worker processes")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {len(clips)} clips, {len(clips.pcm) / shapes.SAMPLE_RATE / 3600:.2f} h of speech, vocab "
           f"{tokenizer.get_vocab_size()}, longest target {max(map(len, targets))} tokens, {data_s:.1f} s")
     model = WhisperForConditionalGeneration(shapes.whisper_config(shape, tokenizer.get_vocab_size(), ids)).to(args.device)
+    if args.init_from is not None:
+        load_phase(model, tokenizer, args.init_from)
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params / 1e6:.2f}M parameters, {shape} on {args.device}")
     batches = Batches(clips, targets, args, shape, ids[tok.ENDOFTEXT])
@@ -248,10 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def load_phase(model: WhisperForConditionalGeneration, tokenizer, directory: Path) -> None:
+    """Weights of an earlier run of the same recipe: its tokenizer must be this one (the seed decides it)."""
+    from tokenizers import Tokenizer
+
+    if Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab() != tokenizer.get_vocab():
+        raise SystemExit(f"{directory}: its tokenizer is not this seed's; --init-from takes a run of the same recipe")
+    earlier = WhisperForConditionalGeneration.from_pretrained(directory)
+    model.load_state_dict(earlier.state_dict())
+
+
 def run_record(args, shape: shapes.Shape, clips: dataset.Clips, num_params, losses, data_s, train_s) -> dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return {
-        "seed": args.seed, "precision": args.precision, "ctc_weight": args.ctc_weight, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+        "seed": args.seed, "init_from": str(args.init_from) if args.init_from else None, "precision": args.precision, "ctc_weight": args.ctc_weight, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
         "train_clips": len(clips), "speech_hours": round(len(clips.pcm) / shapes.SAMPLE_RATE / 3600, 3),
         "window_s": shape.window_s, "d_model": shape.d_model, "encoder_layers": shape.encoder_layers,
         "decoder_layers": shape.decoder_layers, "num_params": num_params, "device": device_name,
