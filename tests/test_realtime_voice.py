@@ -152,6 +152,23 @@ async def test_response_create_right_after_commit_answers_the_committed_audio(ll
             await engine_answer(server, transcript, 3)
 
 
+async def test_an_item_with_input_audio_is_transcribed_before_it_joins(llm_dir, speech_dir, question, listener):
+    async with voice_server(llm_dir, speech_dir) as server, voice_client(server, listener) as client:
+        await client.update(temperature=0, max_output_tokens=3)
+        await client.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": pcm16_b64(question)}]})
+        await client.send("response.create")  # waits for the item's transcript
+        events = await client.until("response.done")
+        assert not of_type(events, "error")
+        (created,) = [e for e in of_type(events, "conversation.item.created") if e["item"]["role"] == "user"]
+        (completed,) = of_type(events, "conversation.item.input_audio_transcription.completed")
+        transcript = completed["transcript"]
+        assert created["item"]["content"] == [{"type": "input_audio", "transcript": transcript}]  # no audio kept
+        assert completed["item_id"] == created["item"]["id"] and completed["usage"]["seconds"] > 1.0
+        assert "".join(d["delta"] for d in of_type(events, "response.output_text.delta")) == \
+            await engine_answer(server, transcript, 3)
+
+
 async def test_commit_of_an_empty_buffer_is_an_error_and_the_connection_lives(llm_dir, speech_dir):
     async with voice_server(llm_dir, speech_dir) as server, voice_client(server) as client:
         await client.send("input_audio_buffer.commit")
@@ -245,6 +262,9 @@ async def test_audio_without_a_speech_model_is_refused_clearly(llm_dir, question
         await client.send("input_audio_buffer.append", audio=pcm16_b64(question[:1600]))
         assert (await client.recv())["error"]["code"] == "audio_not_supported"
         await client.send("input_audio_buffer.commit")
+        assert (await client.recv())["error"]["code"] == "audio_not_supported"
+        await client.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": pcm16_b64(question)}]})
         assert (await client.recv())["error"]["code"] == "audio_not_supported"
 
 

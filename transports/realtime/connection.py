@@ -100,8 +100,14 @@ class RealtimeConnection:
             self._report(exc, event_id)
         return self._take()
 
+    def add_client_item(self, item: Item, previous_item_id: str | None) -> None:
+        """A checked client item joins the conversation (after its audio is transcribed, if it had any)."""
+        previous = self.conversation.add(item, previous_item_id)
+        self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+        self._input_changed()
+
     def receive_speech(self, event) -> list[ServerEvent]:
-        """One event of the connection's recogniser (rill.speech.live.LiveEvent)."""
+        """One event of the connection's recogniser (rill.speech.live.LiveEvent) or of an item's transcription."""
         try:
             self.voice.on_event(event)
         except Exception as exc:  # noqa: BLE001 - as in receive_message
@@ -191,10 +197,10 @@ class RealtimeConnection:
         return s.instructions, s.template_tools, s.tool_prefix, s.temperature
 
     def _item_create(self, event: ConversationItemCreate) -> None:
-        item = check_client_item(event.item)
-        previous = self.conversation.add(item, event.previous_item_id)
-        self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
-        self._input_changed()
+        item = check_client_item(event.item, hears=self.voice.link is not None)
+        if self.voice.transcribe_item(item, event.previous_item_id):
+            return  # joins the conversation once its audio is transcribed (VoiceInput._item_heard)
+        self.add_client_item(item, event.previous_item_id)
 
     def _input_changed(self) -> None:
         """The conversation or the prompt's shape changed under an open input session."""

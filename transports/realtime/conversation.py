@@ -250,10 +250,11 @@ def user_text_item(text: str) -> Item:
     return Item(type="message", role="user", status="completed", content=[ContentPart("input_text", text)])
 
 
-def check_client_item(item: Item) -> Item:
-    """A conversation.item.create item rill can render, marked completed."""
+def check_client_item(item: Item, hears: bool = False) -> Item:
+    """A conversation.item.create item rill can render, marked completed. `hears`: a speech model is
+    served, so a user message may hold input_audio parts (transcribed before the item joins)."""
     if item.type == "message":
-        _check_message(item)
+        _check_message(item, hears)
     elif item.type == "function_call":
         _require(item, ("call_id", "name", "arguments"))
     else:
@@ -262,14 +263,19 @@ def check_client_item(item: Item) -> Item:
     return item
 
 
-def _check_message(item: Item) -> None:
+def _check_message(item: Item, hears: bool) -> None:
     if item.role is None or item.content is None:
         raise RealtimeError("missing_required_parameter", "a message item needs `role` and `content`",
                             "item.role" if item.role is None else "item.content")
     for i, part in enumerate(item.content):
+        if part.type == "input_audio" and hears and item.role == "user":
+            if not part.audio:
+                raise RealtimeError("missing_required_parameter", "an input_audio part needs `audio` (base64 PCM16)",
+                                    f"item.content[{i}].audio")
+            continue
         if part.type == "input_audio":
-            raise RealtimeError("audio_not_supported", "this model has no audio front end: send input_text parts",
-                                f"item.content[{i}].type")
+            raise RealtimeError("audio_not_supported", "this model has no audio front end and this server serves no "
+                                "speech model: send input_text parts", f"item.content[{i}].type")
         if part.type not in _TEXT_PARTS[item.role] or part.text is None:
             raise RealtimeError("invalid_value", f"a {item.role} message holds {' or '.join(_TEXT_PARTS[item.role])} "
                                 f"parts with `text`; got {part.type!r}", f"item.content[{i}]")

@@ -29,7 +29,7 @@ from rill.transports.realtime.connection import DEFAULT_MAX_MESSAGE_BYTES, Realt
 from rill.speech.live import SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta, TranscriptDone
 from rill.transports.realtime.events import RealtimeError, encode, error_event
 from rill.transports.realtime.response import Dialect
-from rill.transports.realtime.speech_link import LiveSpeechLink
+from rill.transports.realtime.speech_link import ItemTranscribed, LiveSpeechLink
 
 log = logging.getLogger("rill.realtime")
 
@@ -39,7 +39,7 @@ BETA_PROTOCOL = "openai-beta.realtime-v1"
 # max_message_bytes they get an error event. hypercorn's default for websocket_max_message_size.
 MAX_FRAME_BYTES = 16 << 20
 INBOX_SIZE = 64
-LIVE_EVENTS = (SpeechStarted, SpeechStopped, TranscriptDelta, TranscriptDone, SpeechFailed)
+LIVE_EVENTS = (SpeechStarted, SpeechStopped, TranscriptDelta, TranscriptDone, SpeechFailed, ItemTranscribed)
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011

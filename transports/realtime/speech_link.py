@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import numpy as np
 import trio
 
+from rill.errors import RillError
 from rill.speech.decoding import TranscribeParams, validate_params
 from rill.speech.live import LiveConfig, LiveTranscriber
+
+
+class ItemTranscribed(msgspec.Struct, frozen=True):
+    """A client-created item's input_audio, transcribed (or the reason it could not be)."""
+
+    item_id: str
+    text: str = ""
+    audio_s: float = 0.0
+    error: str | None = None
 
 
 class LiveSpeechLink:
@@ -53,6 +64,21 @@ class LiveSpeechLink:
                 async with recv, send:
                     async for event in recv:
                         await self._inbox.send(event)
+
+    def transcribe(self, item_id: str, samples_16k: np.ndarray, config: LiveConfig) -> None:
+        """One recording, whole (a conversation.item.create input_audio part): ItemTranscribed joins the inbox."""
+        async def run() -> None:
+            params = TranscribeParams(language=config.language, prompt=config.prompt)
+            done = ItemTranscribed(item_id, error="the speech engine gave no transcription")
+            try:
+                async for delta in self.speech.transcribe(samples_16k, params):
+                    if delta.finished is not None:
+                        done = ItemTranscribed(item_id, delta.finished.text, delta.finished.duration_s)
+            except RillError as exc:
+                done = ItemTranscribed(item_id, error=str(exc))
+            await self._inbox.send(done)
+
+        self._nursery.start_soon(run)
 
     def feed(self, samples_16k: np.ndarray) -> None:
         self._live.feed(samples_16k)

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import msgspec
 import numpy as np
 
+from rill.transports.realtime.audio_input import MODEL_RATE_HZ, decode_pcm16, resample
+from rill.transports.realtime.conversation import item_text
+from rill.transports.realtime.speech_link import ItemTranscribed
 from rill.speech.live import (LiveConfig, LiveEvent, SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta,
                               TranscriptDone)
 from rill.transports.realtime.events import (
@@ -45,6 +49,7 @@ class SpeechLink(Protocol):
     def feed(self, samples_16k: np.ndarray) -> None: ...
     def commit(self, final: bool) -> None: ...
     def clear(self) -> None: ...
+    def transcribe(self, item_id: str, samples_16k: np.ndarray, config: LiveConfig) -> None: ...  # a whole recording
 
 
 def audio_item(item_id: str, transcript: str) -> Item:
@@ -59,7 +64,8 @@ class VoiceInput:
         self.conn, self.link = conn, link
         self.item_id: str | None = None  # the user item the current turn's audio becomes
         self.num_uncommitted_samples = 0
-        self.num_pending_commits = 0  # commits whose transcript is not complete yet
+        self.num_pending_commits = 0  # commits (and audio items) whose transcript is not complete yet
+        self._items: dict[str, tuple[Item, str | None]] = {}  # audio items waiting for their transcript
         self._deferred: list = []  # response.create options that wait for those transcripts
         self._heard: list[str] = []  # every turn's transcript, for vLLM's transcription.done
 
@@ -94,6 +100,39 @@ class VoiceInput:
         self.num_pending_commits += 1
         self.item_id = self.item_id or new_id("item")
         self.link.commit(final)
+
+    def transcribe_item(self, item: Item, previous_item_id: str | None) -> bool:
+        """A client item with input_audio parts: True when it waits for their transcript (then it joins
+        the conversation, with `transcript` set and the audio dropped, from `_item_heard`)."""
+        parts = [p for p in item.content or [] if p.type == "input_audio"]
+        if not parts or self.link is None:
+            return False
+        samples = [decode_pcm16(p.audio, int(self.conn.audio.limits.max_event_s * MODEL_RATE_HZ)) for p in parts]
+        audio = resample(np.concatenate(samples), self.conn.settings.audio_rate_hz)
+        item.id = item.id or new_id("item")
+        self._items[item.id] = (item, previous_item_id)
+        self.num_pending_commits += 1  # a response.create meanwhile answers it once it is heard
+        self.link.transcribe(item.id, audio, self.live_config())
+        return True
+
+    def _item_heard(self, event) -> None:
+        item, previous_item_id = self._items.pop(event.item_id, (None, None))
+        if item is None:
+            return
+        self.num_pending_commits -= 1
+        if event.error is not None:
+            self._failed(event.error, event.item_id)
+            return
+        for part in item.content:
+            if part.type == "input_audio":
+                part.transcript, part.audio = event.text, None  # one transcript for the item's audio
+                event = msgspec.structs.replace(event, text="")  # on its first part only
+        self.conn.add_client_item(item, previous_item_id)
+        transcript = item_text(item)
+        self.conn._out.append(InputTranscriptionCompleted(item_id=item.id, transcript=transcript,
+                                                          usage=TranscriptUsage(round(event.audio_s, 3))))
+        if self._deferred and not self.num_pending_commits:
+            self.conn._response_create(self._deferred.pop(0))
 
     def defer_response(self, options) -> bool:
         """response.create right after a commit answers the committed audio: it waits for the transcript
@@ -131,6 +170,8 @@ class VoiceInput:
                 self._done(event)
             case SpeechFailed():
                 self._failed(event.message)
+            case ItemTranscribed():
+                self._item_heard(event)
 
     def _item(self) -> str:
         self.item_id = self.item_id or new_id("item")
@@ -185,8 +226,8 @@ class VoiceInput:
         conn._audio_item = audio_item(item_id, "")  # _add_user_item fills in the transcript
         conn._text_commit()
 
-    def _failed(self, message: str) -> None:
-        item_id = self.item_id
+    def _failed(self, message: str, item_id: str | None = None) -> None:
+        item_id = item_id or self.item_id
         self.item_id = None
         error = ErrorDetail("server_error", "speech_failed", f"speech recognition failed: {message}")
         if item_id is not None:
