@@ -244,3 +244,8 @@ def test_shipped_model_meets_the_bar_on_every_held_out_family(backend):
     runner = evaluate.TransformersBackend(ASSETS) if backend == "transformers" else evaluate.RillBackend(ASSETS)
     table = evaluate.evaluate(runner, 0, 100)
     assert all(row["accuracy"] >= evaluate.BAR for row in table.values()), table
+
+
+def test_eval_through_rill_gives_transformers_answers(smoke_dir):
+    examples = [e for family in tasks.FAMILIES for e in tasks.eval_examples(0, family, 2)]
+    assert evaluate.RillBackend(smoke_dir).answer(examples) == evaluate.TransformersBackend(smoke_dir).answer(examples)

@@ -10,8 +10,8 @@ aside). The bar is 95% per family.
 Backends: `transformers` runs Qwen2VLForConditionalGeneration's greedy `generate` on inputs built
 the way Qwen2VLProcessor builds them (the tokenizer's chat template, the image processor's pixel
 values, placeholders expanded to the grid; clips through the video processor's patching, which
-transformers runs only with torchvision installed). `rill` runs the same messages through rill's
-offline LLM.chat.
+transformers runs only with torchvision installed). `rill` runs the same turns through rill's offline
+LLM.generate (the rendered prompt with vLLM's multi_modal_data).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _shape_of(config):
 
 
 class RillBackend:
-    """rill's offline LLM: the same turns as chat messages with data: URL content parts."""
+    """rill's offline LLM: the template-rendered turn with the picture or clip as vLLM's multi_modal_data."""
 
     def __init__(self, model_dir: Path) -> None:
         from rill.offline import LLM
@@ -105,10 +105,12 @@ class RillBackend:
         self.params = SamplingParams(temperature=0.0, max_tokens=8)
 
     def answer(self, examples: list[tasks.Example]) -> list[str]:
-        from rill.tiny_vision.messages import openai_messages
+        prompts = [{"prompt": dataset.prompt_text(e), "multi_modal_data": _media(e)} for e in examples]
+        return [o.outputs[0].text.strip() for o in self.llm.generate(prompts, self.params)]
 
-        outs = self.llm.chat([openai_messages(e) for e in examples], self.params)
-        return [o.outputs[0].text.strip() for o in outs]
+
+def _media(example: tasks.Example) -> dict:
+    return {"video": example.frames} if example.frames is not None else {"image": example.image}
 
 
 def evaluate(backend, seed: int, per_family: int, families=tasks.FAMILIES) -> dict:
