@@ -75,9 +75,11 @@ class TransformersBackend:
             mask[row, width - len(row_ids):] = 1
         config = self.model.config
         types = (ids == config.image_token_id).long() + 2 * (ids == config.video_token_id).long()
-        extra = {}
-        for key in built[0][1]:
-            extra[key] = torch.cat([b[1][key] for b in built])
+        parts: dict[str, list] = {}
+        for _, tensors in built:  # pictures and clips may share a batch
+            for key, value in tensors.items():
+                parts.setdefault(key, []).append(value)
+        extra = {key: torch.cat(values) for key, values in parts.items()}
         with torch.no_grad():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       mm_token_type_ids=types.to(self.device),
