@@ -75,11 +75,13 @@ def cache_dir(root: Path, seed: int, split: str, max_samples: int) -> Path:
     return root / f"v{RECIPE_VERSION}-{lexicon}" / f"{split}-seed{seed}-max{max_samples}"
 
 
-def load_or_make_shard(folder: Path, seed: int, split: str, index: int, max_samples: int) -> Clips:
+def load_or_make_shard(folder: Path, seed: int, split: str, index: int, max_samples: int, maker=None) -> Clips:
+    """Shard `index` from the cache, or made by `maker` (make_shard unless another recipe's; a module-level
+    function, so worker processes can run it) and cached."""
     path = folder / f"shard-{index:05d}.npz"
     if path.exists():
         return read_shard(path)
-    clips = make_shard(seed, split, index, max_samples)
+    clips = (maker or make_shard)(seed, split, index, max_samples)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
     np.savez(tmp, pcm=clips.pcm, offsets=clips.offsets, texts=np.array(clips.texts), families=np.array(clips.families),
@@ -94,12 +96,12 @@ def read_shard(path: Path) -> Clips:
 
 
 def build(seed: int, split: str, num_clips: int, max_samples: int, *, workers: int | None = None,
-          root: Path = DEFAULT_CACHE, desc: str | None = None) -> Clips:
+          root: Path = DEFAULT_CACHE, desc: str | None = None, maker=None) -> Clips:
     """The first `num_clips` clips of (seed, split), from the cache or synthesised in parallel."""
     folder = cache_dir(root, seed, split, max_samples)
     num_shards = -(-num_clips // SHARD_SIZE)
     workers = workers or max(1, os.cpu_count() or 1)
-    args = [(folder, seed, split, i, max_samples) for i in range(num_shards)]
+    args = [(folder, seed, split, i, max_samples, maker) for i in range(num_shards)]
     with ProcessPoolExecutor(workers) as pool:
         futures = [pool.submit(load_or_make_shard, *a) for a in args]
         shards = [f.result() for f in tqdm(futures, desc=desc or f"synthesize {split}", unit="shard", mininterval=2.0)]

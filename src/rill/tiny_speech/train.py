@@ -30,7 +30,7 @@ from transformers import WhisperForConditionalGeneration
 from rill.tiny import splits
 from rill.speech.features import LogMel
 from rill.tiny.train import resolve_precision
-from rill.tiny_speech import augment, dataset, transcripts
+from rill.tiny_speech import augment, dataset, prefixes, transcripts
 from rill.tiny_speech import model as shapes
 from rill.tiny_speech import tokenizer as tok
 
@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="clips per step")
     p.add_argument("--train-clips", type=int, default=32_768, help="distinct synthesised clips (each heard "
                    "several times, augmented differently each time)")
+    p.add_argument("--prefix-clips", type=int, default=16_384, help="clips cut after a word, transcribed as the "
+                   "words said so far (rill.tiny_speech.prefixes: what live recognition's interim passes hear)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     p.add_argument("--spec-augment", type=float, default=0.3, help="share of clips with a time and a frequency mask")
@@ -221,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ids = tok.special_ids(tokenizer)
     clips = dataset.build(args.seed, splits.TRAIN, args.train_clips, max_speech_samples(shape),
                           workers=args.workers, root=args.cache_dir)
+    if args.prefix_clips:
+        cut = prefixes.build(args.seed, args.prefix_clips, max_speech_samples(shape), workers=args.workers,
+                             root=args.cache_dir)
+        clips = dataset.concat([clips, cut])
     targets = encode_targets(tokenizer, clips.texts, ids)
     data_s = time.perf_counter() - started
     print(f"data: {len(clips)} clips, {len(clips.pcm) / shapes.SAMPLE_RATE / 3600:.2f} h of speech, vocab "
@@ -266,7 +272,7 @@ def run_record(args, shape: shapes.Shape, clips: dataset.Clips, num_params, loss
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return {
         "seed": args.seed, "init_from": str(args.init_from) if args.init_from else None, "precision": args.precision, "ctc_weight": args.ctc_weight, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-        "train_clips": len(clips), "speech_hours": round(len(clips.pcm) / shapes.SAMPLE_RATE / 3600, 3),
+        "train_clips": len(clips) - args.prefix_clips, "prefix_clips": args.prefix_clips, "speech_hours": round(len(clips.pcm) / shapes.SAMPLE_RATE / 3600, 3),
         "window_s": shape.window_s, "d_model": shape.d_model, "encoder_layers": shape.encoder_layers,
         "decoder_layers": shape.decoder_layers, "num_params": num_params, "device": device_name,
         "data_s": round(data_s, 1), "train_s": round(train_s, 1), "ms_per_step": round(train_s / args.steps * 1000, 1),
