@@ -315,6 +315,7 @@ async def test_models_lists_the_llm_and_the_speech_model(llm_dir, speech_dir):
         one = await client.get("/v1/models/whisper-test")
         missing = await client.get("/v1/models/whisper-9")
     assert [card["id"] for card in listed] == [str(llm_dir), "whisper-test"]
+    assert [card["task"] for card in listed] == ["generate", "transcription"]  # what the web page's picker reads
     assert one.status_code == 200 and one.json() == listed[1]
     assert one.json()["root"] == str(speech_dir) and one.json()["max_model_len"] == 48  # max_target_positions
     assert_error(missing, 404, "model_not_found")

@@ -74,8 +74,8 @@ class SpeechServing:
         if self.engine is None:
             return []
         runtime = self.engine.core.runtime
-        return [ModelCard(name, self.created, runtime.config.max_target_positions, root=str(runtime.path))
-                for name in self.model_names]
+        return [ModelCard(name, self.created, runtime.config.max_target_positions, root=str(runtime.path),
+                          task="transcription") for name in self.model_names]
 
     def model_card(self, name: str) -> ModelCard | None:
         return next((card for card in self.model_cards() if card.id == name), None)

@@ -167,6 +167,7 @@ class ModelCard(msgspec.Struct):
     object: str = "model"
     owned_by: str = "rill"
     root: str | None = None
+    task: str = "generate"  # vLLM's name for what a model does: "generate", or "transcription" for speech
 
 
 class ModelList(msgspec.Struct):

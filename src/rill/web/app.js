@@ -215,7 +215,8 @@ async function loadModels(refused = false) {
   try {
     const { data } = await getJSON("v1/models");
     const select = $("model");
-    select.replaceChildren(...data.map((card) => new Option(card.id, card.id)));
+    const chat = data.filter((card) => card.task !== "transcription");  // the speech model hears, it does not chat
+    select.replaceChildren(...chat.map((card) => new Option(card.id, card.id)));
   } catch (error) {
     if (!(error instanceof Unauthorized)) {
       showTypeAheadStatus(`Could not list the models: ${error.message}`, 0);
