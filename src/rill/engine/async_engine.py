@@ -43,11 +43,21 @@ class OpenSession(msgspec.Struct, frozen=True):
     start_after_tokens: int | None
     respond_per_chunk: bool
     prompt_token_ids: list[int] = []
+    mm_items: tuple = ()
 
 
 class Append(msgspec.Struct, frozen=True):
     request_id: str
     token_ids: list[int]
+    mm_items: tuple = ()  # images or video pieces in token_ids (offsets within them)
+
+
+class Rebase(msgspec.Struct, frozen=True):
+    """A live session's context replaced by a shorter one (engine/live_sessions.py)."""
+
+    request_id: str
+    token_ids: list[int]
+    mm_items: tuple = ()
 
 
 class FinishInput(msgspec.Struct, frozen=True):
@@ -92,6 +102,7 @@ class AsyncEngine:
         self._outbox = Outbox(trio_token, self._drain)  # batches of (deltas, stats, steps)
         self.num_deliveries = 0  # trio-side callbacks that delivered deltas
         self.num_delivered_steps = 0  # engine steps whose deltas they carried
+        self._progress = trio.lowlevel.ParkingLot()  # tasks waiting for live sessions' input progress
 
     # -- trio side ----------------------------------------------------------------------------
 
@@ -127,13 +138,31 @@ class AsyncEngine:
         """Length validation before submitting (reads only the engine's immutable limits)."""
         return self.core.check_fits(num_prompt_tokens, max_tokens)
 
-    def open_session(self, request_id, params, *, start_after_tokens=1, respond_per_chunk=False, prompt_token_ids=()):
+    def open_session(self, request_id, params, *, start_after_tokens=1, respond_per_chunk=False, prompt_token_ids=(),
+                     mm_items=()):
         recv = self._open_stream(request_id)
-        self._send(OpenSession(request_id, params, start_after_tokens, respond_per_chunk, list(prompt_token_ids)))
+        self._send(OpenSession(request_id, params, start_after_tokens, respond_per_chunk, list(prompt_token_ids),
+                               tuple(mm_items)))
         return recv
 
-    def append(self, request_id: str, token_ids: list[int]) -> None:
-        self._send(Append(request_id, list(token_ids)))
+    def append(self, request_id: str, token_ids: list[int], mm_items=()) -> None:
+        """mm_items: images or video pieces among token_ids, their offsets counted within token_ids."""
+        self._send(Append(request_id, list(token_ids), tuple(mm_items)))
+
+    def rebase(self, request_id: str, token_ids: list[int], mm_items=()) -> None:
+        """Replace a live session's context by a shorter one, prefilled beside it (engine/live_sessions.py)."""
+        self._send(Rebase(request_id, list(token_ids), tuple(mm_items)))
+
+    def input_progress(self, request_id: str):
+        """The latest InputProgress of a session with images or video (None: none reported)."""
+        progress = self.stats.input_progress
+        return None if progress is None else progress.get(request_id)
+
+    async def wait_input_progress(self) -> None:
+        """Until the engine next reports (a step, or a change while idle), or dies."""
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead!r}")
+        await self._progress.park()
 
     def finish(self, request_id: str, max_tokens: int | None = None) -> None:
         self._send(FinishInput(request_id, max_tokens))
@@ -175,6 +204,8 @@ class AsyncEngine:
     def _deliver(self, deltas: list[RequestDelta], stats) -> None:
         # Runs in the trio thread, once per drain (one or more engine steps).
         self.stats = stats
+        if self._progress:
+            self._progress.unpark_all()
         for delta in deltas:
             send = self._streams.get(delta.request_id)
             if send is None:
@@ -197,6 +228,7 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         self.dead = error
         self.died.set()
+        self._progress.unpark_all()
         for request_id, send in list(self._streams.items()):
             with send:
                 try:
@@ -247,9 +279,12 @@ class AsyncEngine:
                     core.open_session(
                         msg.request_id, msg.params, start_after_tokens=msg.start_after_tokens,
                         respond_per_chunk=msg.respond_per_chunk, prompt_token_ids=msg.prompt_token_ids,
+                        mm_items=msg.mm_items,
                     )
                 case Append():
-                    core.append_input(msg.request_id, msg.token_ids)
+                    core.append_input(msg.request_id, msg.token_ids, msg.mm_items)
+                case Rebase():
+                    core.rebase_input(msg.request_id, msg.token_ids, msg.mm_items)
                 case FinishInput():
                     core.finish_input(msg.request_id, msg.max_tokens)
                 case Abort():

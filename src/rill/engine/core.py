@@ -12,6 +12,7 @@ import torch
 from rill.config import EngineConfig, default_kv_cache_bytes
 from rill.engine.block_manager import BlockManager
 from rill.engine.kv_layout import KVLayout
+from rill.engine.live_sessions import LiveSessions
 from rill.engine.model_runner import ModelRunner
 from rill.engine.prompt_logprobs import prompt_spans
 from rill.engine.sampler import SampledToken, Sampler, make_generator
@@ -63,6 +64,7 @@ class EngineCore:
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
         self._owed_prompt_logprobs: set[Sequence] = set()  # sequences still scoring their prompt
+        self.live = LiveSessions(self)  # sessions with images or video: progress, rebase (live video)
         self.stats = EngineStats()
 
     # -- admission ----------------------------------------------------------------------------
@@ -190,9 +192,12 @@ class EngineCore:
             input_open=True, respond_per_chunk=respond_per_chunk, start_after_tokens=start_after_tokens,
         )
         self.sessions[request_id] = seq
+        if mm_items:
+            self.live.watch(seq)
         self._maybe_start(seq)
 
-    def append_input(self, request_id: str, token_ids: list[int]) -> None:
+    def append_input(self, request_id: str, token_ids: list[int], mm_items=()) -> None:
+        """mm_items: images or video pieces in token_ids, their offsets counted within token_ids."""
         seq = self._session_seq(request_id)
         if seq.num_tokens + len(token_ids) >= self.max_model_len:
             raise ValidationError(
@@ -200,14 +205,33 @@ class EngineCore:
                 f"context length is {self.max_model_len}",
                 param="input", code="context_length_exceeded",
             )
-        seq.extend_input(token_ids)
+        if mm_items:
+            self.live.watch(seq)
+        self._extend(seq, token_ids, mm_items)
+        self.live.on_append(seq, token_ids, mm_items)
         self.stats.num_prompt_tokens += len(token_ids)
         self._new_turn(seq)
         self._maybe_start(seq)
 
+    def _extend(self, seq: Sequence, token_ids: list[int], mm_items=()) -> None:
+        """Streamed input onto seq; its images or video placed, and the M-RoPE layout laid out again, so
+        that every prompt token sits where it would in the whole prompt (text after a video included)."""
+        seq.extend_input(token_ids)
+        if not mm_items and seq.mrope is None:
+            return
+        base = seq.num_tokens - len(token_ids)
+        items = seq.mm_items + tuple(item.at(base + item.offset) for item in mm_items)
+        seq.mm_items, seq.mrope = items, self._mm_layout(seq.token_ids, items)
+        if mm_items and self.sessions.get(seq.request_id) is not seq:
+            self.scheduler.mm_seqs.add(seq)  # in the scheduler already: its steps now run the encoder
+
+    def rebase_input(self, request_id: str, token_ids: list[int], mm_items=()) -> None:
+        """Replace an open session's context by a shorter one (engine/live_sessions.py)."""
+        self.live.rebase(self._session_seq(request_id), list(token_ids), tuple(mm_items))
+
     def finish_input(self, request_id: str, max_tokens: int | None = None) -> None:
         """End of input: the session answers (respond_at_end) or finishes its current turn."""
-        seq = self._session_seq(request_id)
+        seq = self.live.on_finish(self._session_seq(request_id))  # a caught-up rebase answers
         budget = self.check_fits(seq.num_tokens, max_tokens if max_tokens is not None else seq.params.max_tokens)
         seq.max_tokens = budget
         seq.input_open = False
@@ -244,6 +268,7 @@ class EngineCore:
 
     def abort(self, request_id: str) -> bool:
         """Idempotent: drop the request and free its KV now. Returns whether it was live."""
+        self.live.forget(request_id)
         seqs = self.requests.pop(request_id, None)
         self.sessions.pop(request_id, None)
         if seqs is None:
@@ -279,6 +304,8 @@ class EngineCore:
         self._advance(batch)
         if batch.has_mm:
             self.scheduler.vision.after_step(batch)
+        if self.live.shadows:
+            self.live.after_step()  # rebases whose shorter context caught up take effect
         now = time.monotonic()  # one clock read for the step's tokens
         on_token = self._on_token
         deltas = [on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
@@ -421,7 +448,9 @@ class EngineCore:
     # -- stats ------------------------------------------------------------------------------------
 
     def snapshot(self):
-        return self.stats.snapshot(self.scheduler, self.block_manager)
+        live = self.live
+        return self.stats.snapshot(self.scheduler, self.block_manager, live.progress() if live.seqs else None,
+                                   live.num_rebased)
 
 
 def _load(config: EngineConfig):

@@ -23,6 +23,9 @@ class StatsSnapshot(msgspec.Struct, frozen=True):
     num_finished: int
     num_aborted: int
     num_steps: int
+    # open sessions with images or video (engine/live_sessions.py): request id -> InputProgress
+    input_progress: dict | None = None
+    num_rebased: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -53,7 +56,8 @@ class EngineStats:
         self.num_steps += 1
         self.step_s.append(seconds)
 
-    def snapshot(self, scheduler, block_manager) -> StatsSnapshot:
+    def snapshot(self, scheduler, block_manager, input_progress: dict | None = None,
+                 num_rebased: int = 0) -> StatsSnapshot:
         return StatsSnapshot(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
@@ -69,4 +73,6 @@ class EngineStats:
             num_finished=self.num_finished,
             num_aborted=self.num_aborted,
             num_steps=self.num_steps,
+            input_progress=input_progress,
+            num_rebased=num_rebased,
         )

@@ -24,6 +24,9 @@ class MultiModalItem(msgspec.Struct, frozen=True):
     grid_thw: tuple[int, int, int]  # in patches
     pixels: Any  # torch.Tensor [t*h*w, patch values] float32
     time_interval: float = 1.0  # M-RoPE time steps per temporal patch (Qwen2.5-VL video)
+    # A live video arrives in pieces (rill.live_video): a piece that continues the item right before it
+    # is laid out as that video's next frames (one video's M-RoPE positions), not as a new video.
+    continues: bool = False
 
     @property
     def end(self) -> int:

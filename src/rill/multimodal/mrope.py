@@ -5,6 +5,9 @@ time p + floor(frame * time_interval), row p + r, column p + c over its merged g
 it continues at p + max(rows, columns) (transformers 5's rule). Tokens past the prompt the layout was
 made for (generated tokens, streamed text) sit at i + delta in every stream, delta = max + 1 - N,
 as transformers' generate places decode steps.
+
+A live video's pieces (items with `continues`, rill.live_video) are laid out as one video: each piece
+starts where the video started, its times after the frames of the pieces before it.
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ class MRopeLayout:
     def __init__(self, num_tokens: int, items: list[MultiModalItem], merge_size: int):
         streams = torch.empty(3, num_tokens, dtype=torch.int64)
         pos = index = 0
+        video = None  # (start position, temporal patches laid out) of the item a piece may continue
         for item in sorted(items, key=lambda it: it.offset):
             n = item.offset - index
             streams[:, index : item.offset] = torch.arange(pos, pos + n)
             pos, index = pos + n, item.offset
+            # a live video's next piece: the same start, its frames after the pieces before it
+            start, t0 = video if item.continues and video is not None and n == 0 else (pos, 0)
             t, h, w = item.grid_thw[0], item.grid_thw[1] // merge_size, item.grid_thw[2] // merge_size
-            times = (torch.arange(t) * item.time_interval).long()
+            times = (torch.arange(t0, t0 + t) * item.time_interval).long()
             grid = torch.stack(torch.meshgrid(times, torch.arange(h), torch.arange(w), indexing="ij")).flatten(1)
-            streams[:, index : item.end] = grid + pos
-            pos, index = pos + max(h, w), item.end
+            streams[:, index : item.end] = grid + start
+            pos, index, video = start + max(h, w), item.end, (start, t0 + t)
         streams[:, index:] = torch.arange(pos, pos + num_tokens - index)
         self.num_tokens = num_tokens
         self.streams = streams
