@@ -10,6 +10,7 @@
     rill bench transcribe       speech to text: rill vs. transformers and faster-whisper, real-time factor
     rill bench kv-memory        KV bytes of a 32k-token Gemma-3-shaped sequence: per-layer windows vs full attention
     rill bench voice            speech over /v1/realtime: transcript lag, end of speech to first token, streams
+    rill bench vision           a picture + question: vision encoder images/s, requests/s vs. transformers
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -33,6 +34,7 @@ COMMANDS = {
     "transcribe": ("transcribe", "speech to text at batch 1 and 16 concurrent: rill, transformers, faster-whisper"),
     "kv-memory": ("kv_memory", "KV bytes one long sequence holds: per-layer windows vs full attention, no model"),
     "voice": ("voice", "spoken questions over /v1/realtime: transcript lag, first answer token, concurrent streams"),
+    "vision": ("vision", "a picture + question at 1 and 16 concurrent, and the vision encoder: rill vs. transformers"),
 }
 
 
