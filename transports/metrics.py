@@ -15,6 +15,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                       20.0, 40.0, 80.0)
+_ENCODER_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 
 _GAUGES = (
@@ -26,6 +27,8 @@ _GAUGES = (
     ("rill_kv_cache_blocks", "KV blocks in all.", "num_kv_blocks"),
     ("rill_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / tokens looked up.",
      "prefix_cache_hit_rate"),
+    ("rill_encoder_cache_entries", "Images and video frames whose encoder output is kept.", "encoder_cache_entries"),
+    ("rill_encoder_cache_tokens", "Encoder output embeddings kept in the encoder cache.", "encoder_cache_tokens"),
 )
 _COUNTERS = (
     ("rill_prompt_tokens", "Prompt tokens received.", "num_prompt_tokens"),
@@ -36,6 +39,11 @@ _COUNTERS = (
     ("rill_requests_finished", "Engine requests that finished.", "num_finished"),
     ("rill_requests_aborted", "Engine requests aborted.", "num_aborted"),
     ("rill_engine_steps", "Engine steps run.", "num_steps"),
+    ("rill_encoder_cache_hits", "Images (and video items) a sequence needed that the encoder cache had, or that "
+     "another sequence encoded in the same step.", "encoder_cache_hits"),
+    ("rill_encoder_cache_misses", "Images (and video items) a sequence needed that the vision encoder ran for.",
+     "encoder_cache_misses"),
+    ("rill_encoder_tokens", "Embeddings the vision encoder computed.", "num_encoder_tokens"),
 )
 
 
@@ -111,6 +119,10 @@ class Metrics:
         self.ttft = self._histogram("rill_time_to_first_token_seconds", "Time to first token.")
         self.itl = self._histogram("rill_inter_token_latency_seconds", "Time between output tokens.")
         self.e2e = self._histogram("rill_e2e_request_latency_seconds", "Request time in the engine, end to end.")
+        self.encoder_tokens = Histogram("rill_encoder_tokens_per_step", "Embeddings the vision encoder computed in "
+                                        "a step that ran it (bounded by --max-num-encoder-tokens, but for an item "
+                                        "larger than that, which runs alone).",
+                                        buckets=_ENCODER_TOKEN_BUCKETS, registry=self.registry)
         self.requests = Counter("rill_http_requests", "HTTP requests answered.", ["endpoint", "status"],
                                 registry=self.registry)
         self.ttft_after_input = self._histogram("rill_streaming_input_ttft_after_end_seconds",
@@ -158,7 +170,8 @@ class Metrics:
         if self._engine is None:
             return
         stats = self._engine.core.stats
-        for queue, histogram in ((stats.ttft_s, self.ttft), (stats.itl_s, self.itl), (stats.e2e_s, self.e2e)):
+        for queue, histogram in ((stats.ttft_s, self.ttft), (stats.itl_s, self.itl), (stats.e2e_s, self.e2e),
+                                 (stats.encoder_tokens, self.encoder_tokens)):
             _drain(queue, histogram)
         if self._sessions is not None:
             _drain(self._sessions.ttft_after_input_s, self.ttft_after_input)

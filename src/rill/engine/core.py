@@ -296,6 +296,8 @@ class EngineCore:
             return pending
         if batch.has_mm:
             batch.mm = self.scheduler.vision.prepare(batch)  # runs the vision encoder for the step's images
+            if self.scheduler.vision.num_step_tokens:
+                self.stats.encoder_tokens.append(self.scheduler.vision.num_step_tokens)
         sampling = batch.sampling
         if self._owed_prompt_logprobs:
             sampled, scored = self._execute_scoring_prompts(batch, sampling)

@@ -22,6 +22,10 @@ class EncoderCache:
         self.freeable: OrderedDict[str, None] = OrderedDict()  # unheld entries, least recently used first
         self.num_tokens = 0  # embeddings stored
         self.num_encoded_items = 0  # items the encoder ran for (a hit does not count)
+        # Lookups, once per sequence and item when the sequence starts to hold it (again after a
+        # preemption): found here or being encoded in the same step (a hit), or to encode (a miss).
+        self.num_hits = 0
+        self.num_misses = 0
 
     def __contains__(self, key: str) -> bool:
         return key in self.entries
@@ -37,9 +41,19 @@ class EncoderCache:
     def get(self, key: str) -> torch.Tensor:
         return self.entries[key]
 
-    def acquire(self, key: str, holder: int) -> None:
-        self.holders.setdefault(key, set()).add(holder)
+    def acquire(self, key: str, holder: int) -> bool:
+        """Hold key's entry for holder; True when holder did not hold it yet."""
+        holders = self.holders.setdefault(key, set())
+        is_new = holder not in holders
+        holders.add(holder)
         self.freeable.pop(key, None)
+        return is_new
+
+    def count_lookup(self, hit: bool) -> None:
+        if hit:
+            self.num_hits += 1
+        else:
+            self.num_misses += 1
 
     def release(self, key: str, holder: int) -> None:
         holders = self.holders.get(key)

@@ -26,6 +26,12 @@ class StatsSnapshot(msgspec.Struct, frozen=True):
     # open sessions with images or video (engine/live_sessions.py): request id -> InputProgress
     input_progress: dict | None = None
     num_rebased: int = 0
+    # the encoder cache of a model with a vision tower (engine/encoder_cache.py); zeros without one
+    encoder_cache_hits: int = 0
+    encoder_cache_misses: int = 0
+    encoder_cache_entries: int = 0
+    encoder_cache_tokens: int = 0
+    num_encoder_tokens: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -45,6 +51,7 @@ class EngineStats:
     itl_s: deque = field(default_factory=lambda: deque(maxlen=65536))
     e2e_s: deque = field(default_factory=lambda: deque(maxlen=4096))
     step_s: deque = field(default_factory=lambda: deque(maxlen=4096))
+    encoder_tokens: deque = field(default_factory=lambda: deque(maxlen=4096))  # per step that ran the encoder
 
     def record_ttft(self, seconds: float) -> None:
         self.ttft_s.append(seconds)
@@ -75,4 +82,14 @@ class EngineStats:
             num_steps=self.num_steps,
             input_progress=input_progress,
             num_rebased=num_rebased,
+            **_encoder_fields(scheduler.vision),
         )
+
+
+def _encoder_fields(vision) -> dict:
+    if vision is None:
+        return {}
+    cache = vision.cache
+    return {"encoder_cache_hits": cache.num_hits, "encoder_cache_misses": cache.num_misses,
+            "encoder_cache_entries": len(cache.entries), "encoder_cache_tokens": cache.num_tokens,
+            "num_encoder_tokens": vision.num_encoded_tokens}

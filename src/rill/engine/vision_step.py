@@ -37,11 +37,14 @@ class VisionStep:
         self.budget_tokens = budget_tokens
         self.budget = budget_tokens
         self.to_encode: dict[str, MultiModalItem] = {}  # this step's encoder work, by content hash
+        self.num_step_tokens = 0  # embeddings the encoder computed in this step
+        self.num_encoded_tokens = 0  # ... in all steps
 
     def begin(self) -> None:
         """A new step: the whole budget, nothing to encode yet."""
         self.budget = self.budget_tokens
         self.to_encode = {}
+        self.num_step_tokens = 0
 
     def clip(self, seq: Sequence, begin: int, num_new: int) -> int:
         """How many of seq's tokens [begin, begin + num_new) the step may compute, taking (and
@@ -51,12 +54,14 @@ class VisionStep:
             if item.end <= begin or item.offset >= end:
                 continue
             key = item.content_hash
-            if key not in self.cache and key not in self.to_encode:
+            miss = key not in self.cache and key not in self.to_encode
+            if miss:
                 if self.to_encode and item.num_tokens > self.budget:
                     return max(0, item.offset - begin)  # the rest waits for a later step's budget
                 self.budget -= item.num_tokens
                 self.to_encode[key] = item
-            self.cache.acquire(key, id(seq))
+            if self.cache.acquire(key, id(seq)):  # the sequence's first look at the item: count it
+                self.cache.count_lookup(hit=not miss)
         return num_new
 
     def prepare(self, batch: ScheduledBatch) -> VisionInputs:
@@ -86,6 +91,8 @@ class VisionStep:
         if not items:
             return
         out = self.model.encode(torch.cat([it.pixels for it in items]), [it.grid_thw for it in items])
+        self.num_step_tokens = out.shape[0]
+        self.num_encoded_tokens += out.shape[0]
         for item, embeddings in zip(items, out.split([it.num_tokens for it in items])):
             self.cache.put(item.content_hash, embeddings)
 
