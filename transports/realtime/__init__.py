@@ -15,5 +15,6 @@ From the wire inwards; each module imports only modules below it:
     response      one response: engine deltas -> output items and their events
     audio_input   PCM16 input audio: decoding, resampling, caps, the audio front-end seam
     state         a connection's lifecycle as an enum and a transition table
+    voice_events  the events of recognised speech (turn and transcription events)
     events        the protocol's events as msgspec structs (the wire vocabulary)
 """

@@ -32,12 +32,14 @@ from rill.transports.realtime.speech_link import ItemTranscribed
 from rill.speech.live import (LiveConfig, LiveEvent, SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta,
                               TranscriptDone)
 from rill.transports.realtime.events import (
-    ContentPart, ConversationItemCreated, ErrorDetail, InputAudioBufferCleared, InputAudioBufferCommitted,
-    InputTranscriptionCompleted, InputTranscriptionDelta, InputTranscriptionFailed, Item, RealtimeError,
-    SpeechStartedEvent, SpeechStoppedEvent, TranscriptionDelta, TranscriptionDone, TranscriptUsage, error_event,
-    new_id,
+    ContentPart, ConversationItemCreated, ErrorDetail, InputAudioBufferCleared, InputAudioBufferCommitted, Item,
+    RealtimeError, error_event, new_id,
 )
 from rill.transports.realtime.state import State
+from rill.transports.realtime.voice_events import (
+    InputTranscriptionCompleted, InputTranscriptionDelta, InputTranscriptionFailed, SpeechStartedEvent,
+    SpeechStoppedEvent, TranscriptionDelta, TranscriptionDone, TranscriptUsage,
+)
 
 
 class SpeechLink(Protocol):
