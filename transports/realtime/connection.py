@@ -106,6 +106,24 @@ class RealtimeConnection:
         self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
         self._input_changed()
 
+    # The seam for input modules (voice): emit, has_streamed_input, commit_spoken_text and the
+    # public verbs below (append_text, commit_text, drop_input, create_response, interrupt).
+
+    def emit(self, event: ServerEvent) -> None:
+        """Queue a server event: it goes out with the events of the call being handled."""
+        self._out.append(event)
+
+    @property
+    def has_streamed_input(self) -> bool:
+        """The user turn's words went through the streamed-text path (or wait, behind a response, to)."""
+        return self.state in (State.STREAMING, State.ANSWERING) or (self.state is State.RESPONDING
+                                                                     and bool(self._pending))
+
+    def commit_spoken_text(self, item: Item) -> None:
+        """Commit the streamed words as the transcript of `item`, an input_audio message (see voice)."""
+        self._audio_item = item
+        self.commit_text()
+
     def receive_speech(self, event) -> list[ServerEvent]:
         """One event of the connection's recogniser (rill.speech.live.LiveEvent) or of an item's transcription."""
         try:
@@ -158,14 +176,14 @@ class RealtimeConnection:
             case SessionUpdate():
                 self._session_update(event)
             case InputTextBufferAppend():
-                self._text_append(event.delta)
+                self.append_text(event.delta)
             case InputTextBufferCommit():
-                self._text_commit()
+                self.commit_text()
             case ConversationItemCreate():
                 self._item_create(event)
             case ResponseCreate():
                 if not self.voice.defer_response(event.response):
-                    self._response_create(event.response)
+                    self.create_response(event.response)
             case ResponseCancel():
                 self._response_cancel(event.response_id)
             case InputAudioBufferAppend():
@@ -205,22 +223,23 @@ class RealtimeConnection:
     def _input_changed(self) -> None:
         """The conversation or the prompt's shape changed under an open input session."""
         if self.state is State.COMMITTED:
-            self._drop_input()  # its message is in the conversation; response.create renders it anew
+            self.drop_input()  # its message is in the conversation; response.create renders it anew
         elif self.state in (State.STREAMING, State.ANSWERING):
             text = self._turn.text
-            self._drop_input()
+            self.drop_input()
             self._open_input(text)
 
     # -- streamed text input ------------------------------------------------------------------------------------
 
-    def _text_append(self, text: str) -> None:
+    def append_text(self, text: str) -> None:
+        """Words of the user turn, typed (input_text_buffer.append) or recognised: prefilled as they come."""
         if not text:
             return
         if self.state is State.RESPONDING:
             self._pending.append(text)
             return
         if self.state is State.COMMITTED:
-            self._drop_input()
+            self.drop_input()
         if self.state is State.ANSWERING:
             self._end_answer("cancelled", TURN_DETECTED)
         if self.state is State.IDLE:
@@ -260,12 +279,13 @@ class RealtimeConnection:
         if num_tokens < limit:
             return
         if self._turn is turn:
-            self._drop_input()
+            self.drop_input()
         raise RealtimeError("context_length_exceeded", f"the streamed message reaches {num_tokens} "
                                 f"tokens with the conversation; this model's maximum context length is {limit}. "
                                 "The message was dropped", "delta")
 
-    def _text_commit(self, options: ResponseOptions | None = None) -> None:
+    def commit_text(self, options: ResponseOptions | None = None) -> None:
+        """The streamed words become a user message (after the response in flight, if one is)."""
         if self.state is State.RESPONDING and self._pending:
             self._pending_commit = True
             return
@@ -281,7 +301,8 @@ class RealtimeConnection:
         else:
             self._move(Move.COMMIT_INPUT)
 
-    def _drop_input(self) -> None:
+    def drop_input(self) -> None:
+        """Abort the open input session; its words leave the prompt."""
         if self.state is State.ANSWERING:
             self._end_answer("cancelled", StatusDetails("cancelled", "client_cancelled"))
         self.engine.abort(self._turn.request_id)
@@ -290,17 +311,18 @@ class RealtimeConnection:
 
     # -- responses ------------------------------------------------------------------------------------------------
 
-    def _response_create(self, options: ResponseOptions | None) -> None:
+    def create_response(self, options: ResponseOptions | None) -> None:
+        """response.create: answer the committed (or still streaming) turn, or the conversation."""
         if self.state is State.RESPONDING:
             raise RealtimeError("conversation_already_has_active_response", f"response {self._response.id} is "
                                 "still in progress; cancel it or wait for response.done")
         if self.state in (State.STREAMING, State.ANSWERING):
-            self._text_commit(options)
+            self.commit_text(options)
             if self.state is State.RESPONDING:
                 return
         overrides = options is not None and (options.instructions is not None or options.temperature is not None)
         if self.state is State.COMMITTED and overrides:
-            self._drop_input()  # another system prompt or sampler than the session was opened with
+            self.drop_input()  # another system prompt or sampler than the session was opened with
         if self.state is State.COMMITTED:
             self._finish_input(self.settings.max_tokens(options))
         else:
@@ -364,11 +386,11 @@ class RealtimeConnection:
             if text:
                 self._open_input(text)
             if commit:
-                self._text_commit()
+                self.commit_text()
         except Exception as exc:  # noqa: BLE001 - as in receive_message
             self._report(exc, None)
 
-    def _interrupt(self) -> None:
+    def interrupt(self) -> None:
         """Barge-in: the user speaks again, the answer in flight stops (its text so far stays)."""
         self.engine.abort(self._request_id)
         self._end_response("cancelled", TURN_DETECTED)
@@ -379,7 +401,7 @@ class RealtimeConnection:
                                 else f"response {response_id!r} is not in progress", "response_id")
         if self.state is State.ANSWERING:  # the session goes: what was typed so far stays in the conversation
             self._add_user_item(committed=False)
-            self._drop_input()
+            self.drop_input()
             return
         self.engine.abort(self._request_id)
         self._end_response("cancelled", StatusDetails("cancelled", "client_cancelled"))

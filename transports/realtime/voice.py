@@ -131,10 +131,10 @@ class VoiceInput:
                 event = msgspec.structs.replace(event, text="")  # on its first part only
         self.conn.add_client_item(item, previous_item_id)
         transcript = item_text(item)
-        self.conn._out.append(InputTranscriptionCompleted(item_id=item.id, transcript=transcript,
-                                                          usage=TranscriptUsage(round(event.audio_s, 3))))
+        self.conn.emit(InputTranscriptionCompleted(item_id=item.id, transcript=transcript,
+                                                   usage=TranscriptUsage(round(event.audio_s, 3))))
         if self._deferred and not self.num_pending_commits:
-            self.conn._response_create(self._deferred.pop(0))
+            self.conn.create_response(self._deferred.pop(0))
 
     def defer_response(self, options) -> bool:
         """response.create right after a commit answers the committed audio: it waits for the transcript
@@ -150,9 +150,9 @@ class VoiceInput:
         self.num_uncommitted_samples = 0
         self.num_pending_commits, self._deferred = 0, []
         if self.item_id is not None and self.conn.state is State.STREAMING:
-            self.conn._drop_input()  # the words of the cleared turn leave the prompt too
+            self.conn.drop_input()  # the words of the cleared turn leave the prompt too
         self.item_id = None
-        self.conn._out.append(InputAudioBufferCleared())
+        self.conn.emit(InputAudioBufferCleared())
 
     def _check_link(self) -> None:
         if self.link is None:
@@ -165,7 +165,7 @@ class VoiceInput:
             case SpeechStarted():
                 self._started(event)
             case SpeechStopped():
-                self.conn._out.append(SpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._item()))
+                self.conn.emit(SpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._item()))
             case TranscriptDelta():
                 self._delta(event.text)
             case TranscriptDone():
@@ -180,20 +180,19 @@ class VoiceInput:
         return self.item_id
 
     def _started(self, event: SpeechStarted) -> None:
-        self.conn._out.append(SpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._item()))
+        self.conn.emit(SpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._item()))
         turn = self.conn.settings.turn_detection
         if turn is not None and turn.interrupt_response and self.conn.state is State.RESPONDING:
-            self.conn._interrupt()  # barge-in
+            self.conn.interrupt()  # barge-in
 
     def _delta(self, text: str) -> None:
         item_id = self._item()
-        out = self.conn._out
-        out.append(InputTranscriptionDelta(item_id=item_id, delta=text))
-        out.append(TranscriptionDelta(delta=text))
+        self.conn.emit(InputTranscriptionDelta(item_id=item_id, delta=text))
+        self.conn.emit(TranscriptionDelta(delta=text))
         if not self._transcribing_only:
             if self.conn.state is State.COMMITTED:
-                self.conn._drop_input()  # an uncommitted-to answer: the new words make a new turn
-            self.conn._text_append(text)
+                self.conn.drop_input()  # an uncommitted-to answer: the new words make a new turn
+            self.conn.append_text(text)
 
     def _done(self, event: TranscriptDone) -> None:
         item_id, self.item_id = self._item(), None
@@ -201,39 +200,36 @@ class VoiceInput:
         if text:
             self._heard.append(text)
             self._commit_item(item_id, text)
-        self.conn._out.append(InputTranscriptionCompleted(item_id=item_id, transcript=text,
-                                                          usage=TranscriptUsage(round(event.audio_s, 3))))
+        self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text,
+                                                   usage=TranscriptUsage(round(event.audio_s, 3))))
         if event.final:
-            self.conn._out.append(TranscriptionDone(text=" ".join(self._heard)))
+            self.conn.emit(TranscriptionDone(text=" ".join(self._heard)))
         if event.by_commit and self.num_pending_commits:
             self.num_pending_commits -= 1
             if self._deferred:
-                self.conn._response_create(self._deferred.pop(0))
+                self.conn.create_response(self._deferred.pop(0))
                 return
         turn = self.conn.settings.turn_detection
         auto = turn is not None and turn.create_response and not event.final and not event.by_commit
         if text and auto and self.conn.state is State.COMMITTED:
-            self.conn._response_create(None)
+            self.conn.create_response(None)
 
     def _commit_item(self, item_id: str, text: str) -> None:
         conn = self.conn
-        streamed = conn.state in (State.STREAMING, State.ANSWERING) or (conn.state is State.RESPONDING
-                                                                        and conn._pending)
-        if self._transcribing_only or not streamed:
+        if self._transcribing_only or not conn.has_streamed_input:
             item = audio_item(item_id, text)
             previous = conn.conversation.add(item)
-            conn._out.append(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
-            conn._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+            conn.emit(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
+            conn.emit(ConversationItemCreated(item=item, previous_item_id=previous))
             return
-        conn._audio_item = audio_item(item_id, "")  # _add_user_item fills in the transcript
-        conn._text_commit()
+        conn.commit_spoken_text(audio_item(item_id, ""))  # the streamed words fill in its transcript
 
     def _failed(self, message: str, item_id: str | None = None) -> None:
         item_id = item_id or self.item_id
         self.item_id = None
         error = ErrorDetail("server_error", "speech_failed", f"speech recognition failed: {message}")
         if item_id is not None:
-            self.conn._out.append(InputTranscriptionFailed(item_id=item_id, error=error))
+            self.conn.emit(InputTranscriptionFailed(item_id=item_id, error=error))
         else:
             failure = RealtimeError("speech_failed", error.message, kind="server_error")
-            self.conn._out.append(error_event(failure, None))
+            self.conn.emit(error_event(failure, None))
