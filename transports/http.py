@@ -29,6 +29,7 @@ from werkzeug.exceptions import HTTPException
 
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
+from rill.live_video.config import LiveVideoConfig
 from rill.media.policy import MediaPolicy
 from rill.openai import sse
 from rill.openai.chat import complete_chat, load_chat_media, message_dict, prepare_chat, stream_chat, tool_dicts
@@ -83,6 +84,7 @@ class ServerConfig:
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)  # stored and background responses
     media: MediaPolicy = field(default_factory=MediaPolicy)  # image/video sources and limits (rill.media)
     limit_mm_per_prompt: dict[str, int] | None = None  # images, videos per prompt (None: chat_media's defaults)
+    live_video: LiveVideoConfig = field(default_factory=LiveVideoConfig)  # frame streams (rill.live_video)
     # behind a load balancer (rill.scaling): session and stored-response ids start with "NAME."
     replica_id: str | None = None
 
@@ -109,12 +111,14 @@ class ServerConfig:
             responses=ResponsesConfig.from_env(),
             media=MediaPolicy.from_env(),
             limit_mm_per_prompt=parse_limits(env("RILL_LIMIT_MM_PER_PROMPT", "")),
+            live_video=LiveVideoConfig.from_env(),
             replica_id=env("RILL_REPLICA_ID") or None,
         )
 
     def serving_options(self) -> ServingOptions:
         return ServingOptions(self.served_model_names, self.tool_call_parser, self.reasoning_parser,
-                              self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""))
+                              self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""),
+                              self.live_video)
 
 
 def _parser_option(value: str) -> str | None:
@@ -140,6 +144,7 @@ class AppState:
     def attach(self, engine) -> None:
         self.metrics.attach(engine)
         self.serving = Serving(engine, self.server.serving_options(), on_done=self.metrics.on_request_done)
+        self.metrics.attach_live_video(self.serving.live_video)
 
     async def run_engine(self, config: EngineConfig, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with open_engine(config) as engine:

@@ -113,6 +113,23 @@ class _ResponsesCollector:
             yield CounterMetricFamily(name, text, value=value)
 
 
+class _LiveVideoCollector:
+    """Frame streams (rill.live_video): the Serving's LiveVideoStats and the engine's rebases, at scrape time."""
+
+    def __init__(self, stats, engine):
+        self.stats, self.engine = stats, engine
+
+    def collect(self):
+        from rill.live_video.stats import METRICS
+
+        for name, text, attr in METRICS:
+            yield CounterMetricFamily(name, text, value=getattr(self.stats, attr))
+        yield GaugeMetricFamily("rill_live_video_open_feeds", "Live video feeds open.",
+                                value=float(self.stats.num_open_feeds))
+        yield CounterMetricFamily("rill_live_video_rebases_applied", "Rebases that took effect in the engine.",
+                                  value=self.engine.stats.num_rebased)
+
+
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -145,6 +162,9 @@ class Metrics:
     def attach(self, engine) -> None:
         self._engine = engine
         self.registry.register(_EngineCollector(engine))
+
+    def attach_live_video(self, stats) -> None:
+        self.registry.register(_LiveVideoCollector(stats, self._engine))
 
     def attach_realtime(self, hub) -> None:
         self.registry.register(_RealtimeCollector(hub))

@@ -23,6 +23,7 @@ from rill.openai.errors import ApiError
 from rill.openai.serving import decode_body
 from rill.openai.streaming import StreamRun, as_api_error, open_run
 from rill.openai.streaming_prompt import APIS, StreamingOptionsOnly
+from rill.openai.streaming_video import VideoStatus
 from rill.sessions.chunks import InputChunk
 from rill.sessions.config import OutputMode
 from rill.sessions.ndjson import Line, NdjsonFramer
@@ -66,6 +67,7 @@ class SessionStatus(msgspec.Struct):
     num_payload_bytes: int
     object: str = "streaming_input.session"
     transcript: str | None = None  # audio chunks: the words recognised so far
+    video: VideoStatus | None = None  # image and video chunks: frames received, dropped, in the context
 
 
 class FinishRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,6 +135,7 @@ async def add_chunk(session_id: str) -> Response:
     chunk = decode_body(await request.get_data(), InputChunk)
     if chunk.sequence_id is None:
         raise ApiError(400, "sequence_id is required", param="sequence_id", code="missing_required_parameter")
+    await session.run.prepare(chunk)  # a frame is decoded first: a bad one is refused alone
     session.run.push(chunk)
     return _json(ChunkAccepted(_started(session), session.next_sequence_id, session.state), 202)
 
@@ -186,6 +189,7 @@ def _status(session: StreamingSession) -> SessionStatus:
         session.expires_in_s(_manager().clock()), _started(session), session.next_sequence_id,
         session.window.num_pending, session.num_chunks_received, session.num_payload_bytes,
         transcript=session.run.audio.transcript if session.run is not None and session.run.audio is not None else None,
+        video=session.run.video.status() if session.run is not None and session.run.video is not None else None,
     )
 
 
@@ -263,6 +267,10 @@ async def _read_input(run: StreamRun, lines: BodyLines) -> None:
             if chunk.sequence_id is None:  # Mode A numbers chunks by their order in the body
                 chunk = msgspec.structs.replace(chunk, sequence_id=num_chunks)
             num_chunks += 1
+            try:
+                await run.prepare(chunk)  # a frame is decoded off the trio thread first
+            except Exception as exc:  # noqa: BLE001 - raised again, naming the line
+                _at_line(line.number, _raise, exc)
             _at_line(line.number, run.push, chunk)
             if run.session.state is not SessionState.OPEN and run.session.state is not SessionState.STARTED:
                 break
@@ -305,6 +313,10 @@ async def _follow(run: StreamRun):
             yield frame
     finally:
         run.manager.close(run.session, CloseReason.CLIENT_GONE)  # no-op once it completed
+
+
+def _raise(exc: Exception):
+    raise exc
 
 
 def _at_line(number: int, fn, *args):

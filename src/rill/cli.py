@@ -72,6 +72,7 @@ def _cmd_generate(args) -> int:
 def _cmd_serve(args) -> int:
     import logging
 
+    from rill.live_video import config as live_video_config
     from rill.media import policy as media_policy
     from rill.openai.chat_media import parse_limits
     from rill.openai.responses_api import config as responses_config
@@ -94,11 +95,13 @@ def _cmd_serve(args) -> int:
         max_audio_bytes=args.max_audio_bytes, responses=responses_config.from_args(args),
         media=media_policy.from_args(args),
         limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
+        live_video=live_video_config.from_args(args),
     )
     return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
+    from rill.live_video.config import add_arguments as add_live_video_args
     from rill.media.policy import add_arguments as add_media_args
     from rill.openai.responses_api.config import add_arguments as add_responses_args
     from rill.sessions.config import add_arguments as add_streaming_input_args
@@ -108,6 +111,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_realtime_args(p)
     add_responses_args(p)
     add_media_args(p)
+    add_live_video_args(p)
     p.add_argument("--limit-mm-per-prompt", default=_env("LIMIT_MM_PER_PROMPT", ""),
                    help="images and videos one prompt may carry, e.g. image=4,video=1 (default image=8,video=1)")
     p.add_argument("model", nargs="?", default=_env("MODEL", "rill-tiny"),

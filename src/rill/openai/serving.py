@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from rill.errors import ValidationError
+from rill.live_video.config import LiveVideoConfig
+from rill.live_video.stats import LiveVideoStats
 from rill.media import MediaPolicy
 from rill.openai.chat_media import DEFAULT_LIMITS as DEFAULT_MM_LIMITS
 from rill.openai.errors import ApiError, bad_request, from_decode_error, from_exception
@@ -33,6 +35,7 @@ class ServingOptions:
     max_waiting: int | None = None  # requests waiting for their first token; past it, 429
     media: MediaPolicy = field(default_factory=MediaPolicy)  # image and video sources and limits (rill.media)
     limit_mm_per_prompt: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MM_LIMITS))
+    live_video: LiveVideoConfig = field(default_factory=LiveVideoConfig)  # frame streams (rill.live_video)
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Serving:
         self.created = int(time.time())
         self._grammars: GrammarCompiler | None = None
         self.mm_inputs = getattr(engine.core, "mm_inputs", None)  # a vision model's processor, else None
+        self.live_video = LiveVideoStats()  # frame streams' counters, for /metrics
 
     def media_parts(self):
         """A collector for one chat's images and videos (rill.openai.chat_media)."""

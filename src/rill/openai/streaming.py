@@ -19,10 +19,11 @@ from rill.openai.errors import ApiError, bad_request
 from rill.openai.serving import Serving, api_error
 from rill.openai.streaming_prompt import PromptParts
 from rill.outputs import RequestDelta
-from rill.sessions.chunks import InputChunk, Modality
+from rill.sessions.chunks import InputChunk, Modality, check_chunk
 from rill.sessions.config import OutputMode, SessionOptions, StartPolicy
 from rill.sessions.errors import SessionError, UnsupportedModality
 from rill.openai.streaming_audio import RunAudio, decode_audio_chunk
+from rill.openai.streaming_video import FRAME_MODALITIES, RunVideo, prepare_frame
 from rill.sessions.manager import SessionManager
 from rill.sessions.session import StreamingSession
 from rill.sessions.state import CloseReason, SessionState
@@ -95,6 +96,8 @@ class StreamRun:
         self.serving, self.manager, self.session = serving, manager, session
         self.speech = speech  # the speech engine for audio chunks (None: they are refused)
         self.audio: RunAudio | None = None  # started by the first audio chunk
+        self.video: RunVideo | None = None  # started by the first image or video chunk
+        self._prepared: dict[int, tuple[bytes, object]] = {}  # frame chunks decoded: id -> (digest, frame)
         self.api, self.job, self.mode = api, job, mode
         self.request_id = job.trace.request_id
         self.suffix_text, self.turn_text = parts.suffix_text, parts.turn_text
@@ -121,6 +124,21 @@ class StreamRun:
         )
         self.manager.start_soon(self.pump, recv)
 
+    async def prepare(self, chunk: InputChunk) -> None:
+        """Before push: decode a frame chunk off the trio thread (a bad frame is refused alone)."""
+        sid = chunk.sequence_id
+        if chunk.modality not in FRAME_MODALITIES or sid < self.session.next_sequence_id:
+            return  # not a frame, or a repeat of one applied
+        digest = chunk.digest
+        if self._prepared.get(sid, (None,))[0] == digest:
+            return  # a repeat of one waiting
+        self.session.check_input_open()
+        check_chunk(chunk, self.session.max_chunk_bytes)
+        if len(self._prepared) > self.manager.config.max_pending_chunks:
+            raise UnsupportedModality("too many frame chunks wait for the chunks before them", param="sequence_id",
+                                      code="too_far_ahead")
+        self._prepared[sid] = (digest, await prepare_frame(self, chunk))
+
     def push(self, chunk: InputChunk) -> None:
         """Take one chunk: apply it and any it unblocked; finish at end of input."""
         if chunk.modality is Modality.AUDIO:
@@ -135,11 +153,21 @@ class StreamRun:
         if self.speech is None:
             raise UnsupportedModality("modality 'audio' needs a speech model and this server serves none (rill "
                                       "serve --speech-model); send text or tokens", param="modality")
+        if self.video is not None:
+            raise UnsupportedModality("a session takes audio or frames, not both", param="modality")
         decode_audio_chunk(chunk)
         if self.audio is not None:
             self.audio.check_room()
 
     def _take(self, chunk: InputChunk) -> None:
+        if chunk.modality in FRAME_MODALITIES and self.video is None:
+            self.video = RunVideo(self, self.serving.options.live_video)
+        if self.video is not None:  # from the first frame on, every chunk keeps its place among the frames
+            digest, prepared = self._prepared.pop(chunk.sequence_id, (None, None))
+            if chunk.modality in FRAME_MODALITIES and digest != chunk.digest:
+                raise UnsupportedModality("a frame chunk was not decoded before it was applied", param="payload")
+            self.video.take(chunk, prepared)
+            return
         if chunk.modality is Modality.AUDIO and self.audio is None:
             self.audio = RunAudio(self, self.speech, self.mode is OutputMode.RESPOND_PER_CHUNK)
         if self.audio is not None:
@@ -161,6 +189,9 @@ class StreamRun:
         session.check_can_finish(last_sequence_id)
         if self.audio is not None and self.audio.finish():
             return  # the audio's last words first: RunAudio finishes the input then
+        if self.video is not None:
+            self.video.finish()  # after the frames before it: RunVideo finishes the input then
+            return
         self._guard(self._finish_input)
 
     def _apply(self, chunk: InputChunk) -> None:
@@ -183,7 +214,7 @@ class StreamRun:
         self.manager.finish(self.session)
         self.serving.engine.finish(self.request_id)
 
-    def _append(self, ids: list[int], text: str, check: bool = True) -> None:
+    def _append(self, ids: list[int], text: str, check: bool = True, mm_items=(), media: bool = False) -> None:
         if check and len(self.ids) + len(ids) >= self.serving.max_model_len:
             raise bad_request(f"the streamed input reaches {len(self.ids) + len(ids)} tokens; this model's "
                               f"maximum context length is {self.serving.max_model_len}", "payload",
@@ -191,7 +222,9 @@ class StreamRun:
         self.text += text
         if ids:
             self.ids += ids
-            self.serving.engine.append(self.request_id, ids)
+            self.serving.engine.append(self.request_id, ids, mm_items)
+            if self.video is not None:
+                self.video.on_sent(ids, media)  # its context mirrors the engine session's
         threshold = self.start_after_tokens
         if threshold is not None and len(self.ids) >= threshold:
             self.manager.start(self.session)
@@ -218,6 +251,8 @@ class StreamRun:
         self.serving.engine.abort(self.request_id)
         if self.audio is not None:
             self.audio.close()
+        if self.video is not None:
+            self.video.close()
         if self.input_scope is not None:
             self.input_scope.cancel()
 

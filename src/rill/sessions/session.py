@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rill.sessions.chunks import InputChunk, check_chunk
+from rill.sessions.chunks import FRAME_MODALITIES, InputChunk, check_chunk
 from rill.sessions.config import StreamingInputConfig
 from rill.sessions.errors import ChunkConflict, PayloadTooLarge, SessionGone
 from rill.sessions.ordering import ReorderWindow
@@ -69,6 +69,9 @@ class StreamingSession:
         if self.window.is_duplicate(chunk):
             return []
         self.window.check_can_offer(chunk)
+        if chunk.modality in FRAME_MODALITIES:  # frames leave the context (its window): only the chunk cap
+            self.num_chunks_received += 1
+            return self.window.offer(chunk)
         total = self.num_payload_bytes + chunk.num_payload_bytes
         if total > self.max_payload_bytes:
             raise PayloadTooLarge(f"the session's input would reach {total} bytes; max_payload_per_session is "
