@@ -35,6 +35,12 @@ RANDOM_MODELS: dict[str, dict] = {
         vocab_size=8192, hidden_size=768, intermediate_size=2560, num_hidden_layers=12,
         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=8192,
     ),
+    # Issue 33's comparison with vLLM: a Qwen2 (q/k/v biases, tied embeddings: ~100M parameters,
+    # 400 MB in float32) with a 32k vocabulary, so the LM head costs what a real one does.
+    "random-qwen2-100m": dict(
+        architecture="qwen2", vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=8192, tie_word_embeddings=True,
+    ),
 }
 _MODEL_FORMAT = 1  # bump when the way models are made changes; old cached directories are ignored
 
@@ -169,10 +175,13 @@ def make_random_model_dir(name: str, cache_dir: Path | None = None, seed: int = 
 
 def _write_model_dir(path: Path, shape: dict, seed: int) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    shape = dict(shape)
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if shape.pop("architecture", "llama") == "qwen2" \
+        else (LlamaConfig, LlamaForCausalLM)
 
     tokenizer = _train_tokenizer(shape["vocab_size"], seed)
     tokenizer.save(str(path / "tokenizer.json"))
@@ -182,16 +191,17 @@ def _write_model_dir(path: Path, shape: dict, seed: int) -> None:
         "model_max_length": shape["max_position_embeddings"],
     }), encoding="utf-8")
     # A wider init than the default keeps logits apart, so greedy choices are not float noise.
-    config = LlamaConfig(**shape, initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                         tie_word_embeddings=False)
+    shape.setdefault("tie_word_embeddings", False)
+    config = config_cls(**shape, initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = model_cls(config).to(torch.float32)
     model.save_pretrained(path)
 
 
 def _train_tokenizer(vocab_size: int, seed: int):
     """A ByteLevel BPE (every byte encodable) trained on synthetic words; at most vocab_size ids,
-    so every token id is also a row of the model's embedding."""
+    so every token id is also a row of the model's embedding (a 32k vocabulary needs more words
+    than the default text holds merges for)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -201,7 +211,8 @@ def _train_tokenizer(vocab_size: int, seed: int):
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_synthetic_text(seed), trainer)
+    text = _synthetic_text(seed) if vocab_size <= 8192 else _synthetic_text(seed, num_words=40000, num_lines=20000)
+    tok.train_from_iterator(text, trainer)
     return tok
 
 
