@@ -162,7 +162,7 @@ def smoke_dir(tmp_path_factory):
     if not synth.espeak_available():
         pytest.skip("espeak-ng is not installed")
     out = tmp_path_factory.mktemp("tiny-speech")
-    argv = ["--out", str(out), "--seed", "0", "--steps", "2", "--batch-size", "4", "--train-clips", "8", "--d-model", "64",
+    argv = ["--out", str(out), "--seed", "0", "--steps", "2", "--batch-size", "4", "--train-clips", "8", "--prefix-clips", "4", "--d-model", "64",
             "--encoder-layers", "1", "--decoder-layers", "1", "--workers", "1", "--threads", "1", "--precision", "fp32",
             "--cache-dir", str(out / "cache")]
     assert recipe.main(argv) == 0
