@@ -5,8 +5,10 @@ streaming `/v1/completions` requests one after the other: a prompt of --prompt-t
 token ids and exactly --max-tokens output tokens (`ignore_eos`). Measured per request on the
 client side: time to first token (request sent -> first text frame), inter-token latency (gaps
 between frames, per output token), and at each level the output tokens per second of all
-clients together. With no --url a server (`rill serve` in this process, on 127.0.0.1 and a free
-port) runs --model; with --url the benchmark targets that server and model.
+clients together. With no --base-url a server (`rill serve` in this process, on 127.0.0.1 and a free
+port) runs --model; with --base-url (or --url) the benchmark drives that OpenAI-compatible server,
+rill or another (vLLM, llama.cpp's server), so one command measures both sides of a comparison.
+Only fields vLLM also accepts are sent (`ignore_eos`, `skip_special_tokens`, prompts as token ids).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ import time
 from rill.bench.common import add_common_args, percentile, progress, random_token_ids, resolve_model, save_plot
 
 NAME = "serve"
+DEFAULT_MODEL = "random-small"  # with no --base-url
 DEFAULT_VOCAB = 256  # prompt ids are drawn below this: ids every byte-level vocabulary has
 
 
 def add_arguments(p) -> None:
     add_common_args(p, NAME)
-    p.add_argument("--url", default=None, help="a running server's base URL (default: start one here)")
+    p.add_argument("--base-url", "--url", dest="url", default=None,
+                   help="a running OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000 (default: start rill here)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    p.add_argument("--model", default="random-small",
-                   help="with no --url: random-small | random-100m | rill-tiny | PATH (default random-small)")
+    p.add_argument("--model", default=None,
+                   help="with no --base-url: random-small | random-100m | random-qwen2-100m | rill-tiny | PATH "
+                        "(default random-small); with --base-url the served model's name (default: the first of /v1/models)")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts (default 1,4,16,64)")
     p.add_argument("--requests-per-client", type=int, default=4, help="requests each client sends per level")
     p.add_argument("--prompt-tokens", type=int, default=128)
@@ -66,12 +71,12 @@ async def stream_one(client, url: str, body: dict) -> dict:
     return {"ttft_s": first - t0, "gaps_s": gaps, "num_tokens": num_tokens, "e2e_s": last - t0}
 
 
-async def run_level(url: str, headers: dict, concurrency: int, args, vocab_size: int, bar) -> dict:
+async def run_level(url: str, headers: dict, model: str, concurrency: int, args, vocab_size: int, bar) -> dict:
     import httpx
     import trio
 
     rng = random.Random(args.seed + concurrency)
-    bodies = [[_body(args, rng, vocab_size) for _ in range(args.requests_per_client)] for _ in range(concurrency)]
+    bodies = [[_body(args, model, rng, vocab_size) for _ in range(args.requests_per_client)] for _ in range(concurrency)]
     results: list[dict] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -90,9 +95,9 @@ async def run_level(url: str, headers: dict, concurrency: int, args, vocab_size:
     return _level_summary(concurrency, results, wall_s)
 
 
-def _body(args, rng: random.Random, vocab_size: int) -> dict:
+def _body(args, model: str, rng: random.Random, vocab_size: int) -> dict:
     return {
-        "prompt": random_token_ids(rng, args.prompt_tokens, vocab_size), "max_tokens": args.max_tokens,
+        "model": model, "prompt": random_token_ids(rng, args.prompt_tokens, vocab_size), "max_tokens": args.max_tokens,
         "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         # Random prompts can lead a trained model into special tokens only; keep them as text so
         # every token is seen (and timed) by the client.
@@ -125,12 +130,12 @@ async def bench(args, levels: list[int]) -> dict:
     from rill.server import serve
     from rill.transports.http import ServerConfig
 
-    model = resolve_model(args.model, args.cache_dir, args.seed)
-    config = EngineConfig(model=model, dtype="float32", seed=args.seed)
+    name = args.model or DEFAULT_MODEL
+    config = EngineConfig(model=resolve_model(name, args.cache_dir, args.seed), dtype="float32", seed=args.seed)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(
-            config, ServerConfig(api_key=args.api_key, served_model_names=[args.model]), "127.0.0.1", 0, 1.0,
+            config, ServerConfig(api_key=args.api_key, served_model_names=[name]), "127.0.0.1", 0, 1.0,
             shutdown_trigger=stop.wait, task_status=task_status))
         try:
             return await _bench_url(binds[0], args, levels, args.vocab_size)
@@ -145,12 +150,15 @@ async def _bench_url(url: str, args, levels: list[int], vocab_size: int | None) 
     async with httpx.AsyncClient(headers=headers) as client:
         response = await client.get(f"{url}/v1/models")
         response.raise_for_status()
-        model = response.json()["data"][0]["id"]
+        served = [card["id"] for card in response.json()["data"]]
+    if args.model is not None and args.model not in served:
+        raise SystemExit(f"{url} serves {served}, not {args.model!r}")
+    model = args.model or served[0]
     total = sum(levels) * args.requests_per_client
     out = []
     with progress(total=total, desc="requests", disable=args.no_progress) as bar:
         for c in levels:
-            out.append(await run_level(url, headers, c, args, vocab_size or DEFAULT_VOCAB, bar))
+            out.append(await run_level(url, headers, model, c, args, vocab_size or DEFAULT_VOCAB, bar))
     return {"model": model, "url": url if args.url else "in-process", "levels": out}
 
 
@@ -162,8 +170,8 @@ def run(args) -> dict:
     return {
         "benchmark": NAME,
         "config": {"concurrency": levels, "requests_per_client": args.requests_per_client,
-                   "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "model": args.model,
-                   "seed": args.seed},
+                   "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+                   "model": args.model or (None if args.url else DEFAULT_MODEL), "seed": args.seed},
         **result,
     }
 
