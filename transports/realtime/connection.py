@@ -28,14 +28,15 @@ from rill.transports.realtime.conversation import (
     Conversation, Settings, as_realtime_error, check_client_item, user_text_item,
 )
 from rill.transports.realtime.events import (
-    ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
-    InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit,
+    ClientEvent, ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
+    InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit, InputVideoFrameAppend, InputVideoFrameCommit,
     InputAudioBufferCommitted, InputTextBufferCommitted, Item, RealtimeError, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent,
     SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
     new_id,
 )
 from rill.transports.realtime.text_input import InputTurn, split_prompt
 from rill.transports.realtime.voice import SpeechLink, VoiceInput
+from rill.transports.realtime.video import VideoInput
 from rill.transports.realtime.response import Dialect, ResponseStream, end_status
 from rill.transports.realtime.state import TRANSITIONS, Move, State
 
@@ -46,10 +47,10 @@ TURN_DETECTED = StatusDetails("cancelled", "turn_detected")
 class EngineLink(Protocol):
     """The engine calls a connection makes; each returns at once (see AsyncEngine)."""
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm_items=()) -> None: ...
     def open_session(self, request_id: str, params: SamplingParams, *, respond_per_chunk: bool,
-                     prompt_token_ids: list[int]) -> None: ...
-    def append(self, request_id: str, token_ids: list[int]) -> None: ...
+                     prompt_token_ids: list[int], mm_items=()) -> None: ...
+    def append(self, request_id: str, token_ids: list[int], mm_items=()) -> None: ...
     def finish(self, request_id: str, max_tokens: int | None) -> None: ...
     def abort(self, request_id: str) -> None: ...
 
@@ -57,7 +58,7 @@ class EngineLink(Protocol):
 class RealtimeConnection:
     def __init__(self, serving: Serving, engine: EngineLink, *, dialect: Dialect = Dialect.GA,
                  model: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None):
+                 audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None, video=None):
         self.serving, self.engine, self.dialect = serving, engine, dialect
         self.max_message_bytes = max_message_bytes
         self.state = State.IDLE
@@ -70,6 +71,7 @@ class RealtimeConnection:
         self._speech_models = (speech.model_name,) if speech is not None else ()
         self._audio_item: Item | None = None  # the next committed user message is this audio item
         self.voice.reconfigure()
+        self.video = VideoInput(self, video)  # frames and pictures in (video: its VideoLink)
         self.num_requests = 0
         self._turn: InputTurn | None = None
         self._response: ResponseStream | None = None
@@ -95,10 +97,27 @@ class RealtimeConnection:
         try:
             event = self._decode(data)
             event_id = event.event_id
-            self._dispatch(event)
+            if not self.video.holds(event):  # events that change the prompt wait behind frames on their way
+                self._dispatch(event)
         except Exception as exc:  # noqa: BLE001 - rill's own errors become error events; others propagate
             self._report(exc, event_id)
         return self._take()
+
+    def receive_video(self, event) -> list[ServerEvent]:
+        """One event of the connection's frame feed or picture decoding (see video_link)."""
+        try:
+            self.video.on_event(event)
+        except Exception as exc:  # noqa: BLE001 - as in receive_message
+            self._report(exc, None)
+        return self._take()
+
+    def replay(self, event) -> None:
+        """An event that waited (see video.holds), in its turn: a client event or a recogniser's."""
+        try:
+            if not self.video.holds(event):
+                self._dispatch(event) if isinstance(event, ClientEvent) else self.voice.on_event(event)
+        except Exception as exc:  # noqa: BLE001 - as in receive_message
+            self._report(exc, getattr(event, "event_id", None))
 
     def add_client_item(self, item: Item, previous_item_id: str | None) -> None:
         """A checked client item joins the conversation (after its audio is transcribed, if it had any)."""
@@ -127,7 +146,8 @@ class RealtimeConnection:
     def receive_speech(self, event) -> list[ServerEvent]:
         """One event of the connection's recogniser (rill.speech.live.LiveEvent) or of an item's transcription."""
         try:
-            self.voice.on_event(event)
+            if not self.video.holds(event):  # recognised words join the prompt after the frames before them
+                self.voice.on_event(event)
         except Exception as exc:  # noqa: BLE001 - as in receive_message
             self._report(exc, None)
         return self._take()
@@ -192,6 +212,10 @@ class RealtimeConnection:
                 self.voice.commit(event.final)
             case InputAudioBufferClear():
                 self.voice.clear()
+            case InputVideoFrameAppend():
+                self.video.append_frame(event)
+            case InputVideoFrameCommit():
+                self.video.commit(event)
 
     # -- session and conversation ---------------------------------------------------------------------------
 
@@ -215,16 +239,20 @@ class RealtimeConnection:
         return s.instructions, s.template_tools, s.tool_prefix, s.temperature
 
     def _item_create(self, event: ConversationItemCreate) -> None:
-        item = check_client_item(event.item, hears=self.voice.link is not None)
+        item = check_client_item(event.item, hears=self.voice.link is not None, sees=self.video.sees)
         if self.voice.transcribe_item(item, event.previous_item_id):
             return  # joins the conversation once its audio is transcribed (VoiceInput._item_heard)
+        if self.video.decode_item(item, event.previous_item_id, event.event_id):
+            return  # joins once its pictures are processed (VideoInput._images_decoded)
+        if self.video.joins(item, event.previous_item_id):
+            return  # the question about what the camera showed: it ends the message the frames are in
         self.add_client_item(item, event.previous_item_id)
 
     def _input_changed(self) -> None:
         """The conversation or the prompt's shape changed under an open input session."""
         if self.state is State.COMMITTED:
             self.drop_input()  # its message is in the conversation; response.create renders it anew
-        elif self.state in (State.STREAMING, State.ANSWERING):
+        elif self.state in (State.STREAMING, State.ANSWERING) and not self.video.reopens():
             text = self._turn.text
             self.drop_input()
             self._open_input(text)
@@ -249,33 +277,55 @@ class RealtimeConnection:
 
     def _open_input(self, text: str) -> None:
         tokenizer, settings = self.serving.tokenizer, self.settings
-        split = split_prompt(tokenizer, self.conversation.messages(settings.instructions), settings.template_tools)
+        messages = self.conversation.messages(settings.instructions, self.video.content)
+        split = split_prompt(tokenizer, messages, settings.template_tools)
         per_chunk = settings.output_mode == "respond_per_chunk"
         forced = settings.forced(tokenizer)
         turn = InputTurn(self._new_request_id(), IncrementalEncoder(tokenizer), split.suffix + forced.prompt_text,
                          per_chunk, text)
-        ids = turn.encoder.feed(split.prefix) + self._encode(turn, text)
+        ids, items = self.video.open_turn(turn, turn.encoder.feed(split.prefix))  # pictures and videos placed
+        text_ids = self._encode(turn, text)
+        self.video.on_sent(turn, text_ids)
+        self.video.on_text(turn, text)
+        ids += text_ids
         self._check_length(turn)
         params = settings.sampling_params(self.serving)
         params.max_tokens = settings.max_output_tokens if per_chunk else None  # respond_at_end: set at finish
-        self.engine.open_session(turn.request_id, params, respond_per_chunk=per_chunk, prompt_token_ids=ids)
+        self.engine.open_session(turn.request_id, params, respond_per_chunk=per_chunk, prompt_token_ids=ids,
+                                 mm_items=items)
         self._turn, self._request_id, self._answer_prompt_tokens = turn, turn.request_id, 0
         self._move(Move.OPEN_INPUT)
+        self.video.on_turn_opened(turn)
+
+    # The seam for video: the open turn, opening one, and sending to it (its context mirrors what is sent).
+
+    @property
+    def turn(self) -> InputTurn | None:
+        return self._turn
+
+    def open_input(self, text: str) -> None:
+        self._open_input(text)
+
+    def send(self, turn: InputTurn, ids: list[int]) -> None:
+        if ids:
+            self.engine.append(turn.request_id, ids)
+            self.video.on_sent(turn, ids)
 
     def _feed(self, text: str) -> None:
         turn = self._turn
         turn.text += text
+        self.video.before_text(turn)  # an open video ends where text starts
+        self.video.on_text(turn, text)
         ids = self._encode(turn, text)
         self._check_length(turn)
-        if ids:
-            self.engine.append(turn.request_id, ids)
+        self.send(turn, ids)
 
     def _encode(self, turn: InputTurn, text: str) -> list[int]:
         # A chunk the model answers at once must be seen whole; otherwise wait for stable tokens.
         return turn.encoder.flush(text) if turn.per_chunk else turn.encoder.feed(text)
 
     def _check_length(self, turn: InputTurn) -> None:
-        limit, num_tokens = self.serving.max_model_len, turn.encoder.num_committed_tokens
+        limit, num_tokens = self.serving.max_model_len, turn.num_tokens
         if num_tokens < limit:
             return
         if self._turn is turn:
@@ -294,8 +344,10 @@ class RealtimeConnection:
         if self.state is State.ANSWERING:
             self._end_answer("cancelled", TURN_DETECTED)
         turn = self._turn
+        self.video.before_text(turn)  # the message ends: so does its video
         self._add_user_item(committed=True)
-        self.engine.append(turn.request_id, turn.encoder.flush(turn.suffix))
+        self.send(turn, turn.encoder.flush(turn.suffix))
+        self.video.on_turn_closed()
         if turn.per_chunk:
             self._finish_input(self.settings.max_tokens(options))  # the whole message is answered now
         else:
@@ -308,6 +360,7 @@ class RealtimeConnection:
         self.engine.abort(self._turn.request_id)
         self._turn = self._request_id = None
         self._move(Move.DROP_INPUT)
+        self.video.on_turn_closed()
 
     # -- responses ------------------------------------------------------------------------------------------------
 
@@ -330,7 +383,7 @@ class RealtimeConnection:
 
     def _finish_input(self, max_tokens: int | None) -> None:
         turn = self._turn
-        self.serving.check_fits(turn.encoder.num_committed_tokens, max_tokens, "max_output_tokens")
+        self.serving.check_fits(turn.num_tokens, max_tokens, "max_output_tokens")
         self.engine.finish(turn.request_id, max_tokens)
         self._start_response(turn.request_id, max_tokens)
 
@@ -338,7 +391,7 @@ class RealtimeConnection:
         instructions = self.settings.instructions
         if options is not None and options.instructions is not None:
             instructions = options.instructions
-        messages = self.conversation.messages(instructions)
+        messages = self.conversation.messages(instructions, self.video.content)
         if not messages:
             raise RealtimeError("conversation_empty", "there is nothing to answer: create an item or stream text "
                                 "(input_text_buffer.append) first")
@@ -346,11 +399,12 @@ class RealtimeConnection:
         text = tokenizer.apply_chat_template(messages, tools=self.settings.template_tools)
         forced = self.settings.forced(tokenizer)
         prompt = tokenizer.encode(text + forced.prompt_text, add_special_tokens=False)
+        prompt, items = self.video.expand(prompt)  # pictures and videos of the conversation placed
         params = self.settings.sampling_params(self.serving, options)
         self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
         self.serving.check_ready()
         request_id = self._new_request_id()
-        self.engine.submit(request_id, prompt, params)
+        self.engine.submit(request_id, prompt, params, items)
         self._start_response(request_id, params.max_tokens)
 
     def _new_response(self, in_band: bool, max_tokens: int | None) -> ResponseStream:
@@ -378,6 +432,7 @@ class RealtimeConnection:
         self._response = self._turn = self._request_id = None
         self._move(Move.END_RESPONSE)
         self._replay_pending()
+        self.video.after_response()  # frames that waited open the next turn
 
     def _replay_pending(self) -> None:
         text, self._pending = "".join(self._pending), []
@@ -411,10 +466,10 @@ class RealtimeConnection:
         item, self._audio_item = self._audio_item, None
         if item is not None:
             item.content[0].transcript = self._turn.text
-        item = item or user_text_item(self._turn.text)
+        item = item or self.video.user_item(self._turn) or user_text_item(self._turn.text)
         previous = self.conversation.add(item)
         if committed:
-            kind = InputTextBufferCommitted if item.content[0].type == "input_text" else InputAudioBufferCommitted
+            kind = InputAudioBufferCommitted if item.content[0].type == "input_audio" else InputTextBufferCommitted
             self._out.append(kind(item_id=item.id, previous_item_id=previous))
         self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
 

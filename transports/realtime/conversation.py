@@ -218,12 +218,14 @@ class Conversation:
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
 
-    def messages(self, instructions: str) -> list[dict]:
-        """The items as chat messages: consecutive function calls join one assistant message."""
+    def messages(self, instructions: str, content=None) -> list[dict]:
+        """The items as chat messages: consecutive function calls join one assistant message. `content`
+        renders a message's content (default: its text; see video for pictures and frames)."""
+        content = content or item_text
         out = [{"role": "system", "content": instructions}] if instructions else []
         for item in self.items:
             if item.type == "message":
-                out.append({"role": item.role, "content": item_text(item)})
+                out.append({"role": item.role, "content": content(item)})
             elif item.type == "function_call_output":
                 out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
             else:
@@ -250,11 +252,12 @@ def user_text_item(text: str) -> Item:
     return Item(type="message", role="user", status="completed", content=[ContentPart("input_text", text)])
 
 
-def check_client_item(item: Item, hears: bool = False) -> Item:
+def check_client_item(item: Item, hears: bool = False, sees: bool = False) -> Item:
     """A conversation.item.create item rill can render, marked completed. `hears`: a speech model is
-    served, so a user message may hold input_audio parts (transcribed before the item joins)."""
+    served, so a user message may hold input_audio parts (transcribed before the item joins); `sees`:
+    the model reads pictures, so it may hold input_image parts (processed before it joins)."""
     if item.type == "message":
-        _check_message(item, hears)
+        _check_message(item, hears, sees)
     elif item.type == "function_call":
         _require(item, ("call_id", "name", "arguments"))
     else:
@@ -263,11 +266,14 @@ def check_client_item(item: Item, hears: bool = False) -> Item:
     return item
 
 
-def _check_message(item: Item, hears: bool) -> None:
+def _check_message(item: Item, hears: bool, sees: bool = False) -> None:
     if item.role is None or item.content is None:
         raise RealtimeError("missing_required_parameter", "a message item needs `role` and `content`",
                             "item.role" if item.role is None else "item.content")
     for i, part in enumerate(item.content):
+        if part.type == "input_image" and item.role == "user":
+            _check_image_part(part, sees, f"item.content[{i}]")
+            continue
         if part.type == "input_audio" and hears and item.role == "user":
             if not part.audio:
                 raise RealtimeError("missing_required_parameter", "an input_audio part needs `audio` (base64 PCM16)",
@@ -279,6 +285,15 @@ def _check_message(item: Item, hears: bool) -> None:
         if part.type not in _TEXT_PARTS[item.role] or part.text is None:
             raise RealtimeError("invalid_value", f"a {item.role} message holds {' or '.join(_TEXT_PARTS[item.role])} "
                                 f"parts with `text`; got {part.type!r}", f"item.content[{i}]")
+
+
+def _check_image_part(part, sees: bool, param: str) -> None:
+    if not sees:
+        raise RealtimeError("unsupported_modality", "this model reads text only: send input_text parts",
+                            f"{param}.type")
+    if not part.image_url:
+        raise RealtimeError("missing_required_parameter", "an input_image part needs `image_url` (a data:image URL)",
+                            f"{param}.image_url")
 
 
 def _require(item: Item, names: tuple[str, ...]) -> None:

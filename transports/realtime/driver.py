@@ -30,6 +30,7 @@ from rill.speech.live import SpeechFailed, SpeechStarted, SpeechStopped, Transcr
 from rill.transports.realtime.events import RealtimeError, encode, error_event
 from rill.transports.realtime.response import Dialect
 from rill.transports.realtime.speech_link import ItemTranscribed, LiveSpeechLink
+from rill.transports.realtime.video_link import VIDEO_EVENTS, VideoLink
 
 log = logging.getLogger("rill.realtime")
 
@@ -199,15 +200,16 @@ class ChannelEngineLink:
     def __init__(self, engine, nursery: trio.Nursery, inbox: trio.MemorySendChannel):
         self._engine, self._nursery, self._inbox = engine, nursery, inbox
 
-    def submit(self, request_id, prompt_token_ids, params) -> None:
-        self._pump(self._engine.submit(request_id, prompt_token_ids, params))
+    def submit(self, request_id, prompt_token_ids, params, mm_items=()) -> None:
+        self._pump(self._engine.submit(request_id, prompt_token_ids, params, mm_items))
 
-    def open_session(self, request_id, params, *, respond_per_chunk, prompt_token_ids) -> None:
+    def open_session(self, request_id, params, *, respond_per_chunk, prompt_token_ids, mm_items=()) -> None:
         self._pump(self._engine.open_session(request_id, params, start_after_tokens=1,
-                                             respond_per_chunk=respond_per_chunk, prompt_token_ids=prompt_token_ids))
+                                             respond_per_chunk=respond_per_chunk, prompt_token_ids=prompt_token_ids,
+                                             mm_items=mm_items))
 
-    def append(self, request_id, token_ids) -> None:
-        self._engine.append(request_id, token_ids)
+    def append(self, request_id, token_ids, mm_items=()) -> None:
+        self._engine.append(request_id, token_ids, mm_items)
 
     def finish(self, request_id, max_tokens) -> None:
         self._engine.finish(request_id, max_tokens)
@@ -238,7 +240,8 @@ async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Ha
         link = LiveSpeechLink(speech, nursery, send_inbox.clone()) if speech is not None else None
         conn = RealtimeConnection(hub.serving, ChannelEngineLink(hub.serving.engine, nursery, send_inbox),
                                   dialect=handshake.dialect, model=handshake.model,
-                                  max_message_bytes=config.max_message_bytes, speech=link)
+                                  max_message_bytes=config.max_message_bytes, speech=link,
+                                  video=VideoLink(nursery, send_inbox.clone()))
         log.info("realtime connection %s opened (%d open)", conn.session_id, hub.num_connections)
         try:
             nursery.start_soon(_read_client, socket, send_inbox.clone(), link)
@@ -287,6 +290,8 @@ async def _serve(socket: RealtimeSocket, conn: RealtimeConnection, inbox, idle_t
             events = conn.receive_delta(item)
         elif isinstance(item, LIVE_EVENTS):
             events = conn.receive_speech(item)
+        elif isinstance(item, VIDEO_EVENTS):
+            events = conn.receive_video(item)
         else:
             events = conn.receive_message(item)
         if not await _send(socket, events):

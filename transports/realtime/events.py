@@ -33,10 +33,13 @@ class RealtimeError(Exception):
 
 
 class ContentPart(msgspec.Struct, omit_defaults=True):
-    type: str  # input_text | text | output_text | input_audio
+    type: str  # input_text | text | output_text | input_audio | input_image | input_video (rill: live frames)
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    image_url: str | None = None  # input_image: a data:image URL (dropped once decoded, as audio once heard)
+    detail: str | None = None  # input_image: auto | low | high (read as auto)
+    num_frames: int | None = None  # input_video: the frames of the live video in the message
 
 
 class Item(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -166,6 +169,22 @@ class InputTextBufferCommit(ClientEvent, tag="input_text_buffer.commit"):
     pass
 
 
+class InputVideoFrameAppend(ClientEvent, tag="input_video_frame.append"):
+    """vLLM's proposal (RFC #38141): one camera frame, base64 JPEG/PNG/WebP or a data:image URL."""
+
+    image: str
+    timestamp: float | None = None  # seconds (vLLM's)
+    timestamp_ms: float | None = None  # or milliseconds
+
+
+class InputVideoFrameCommit(ClientEvent, tag="input_video_frame.commit"):
+    """vLLM's: the frames so far (and `query`, appended after them) become a user message; with a query,
+    the answer starts."""
+
+    query: str | None = None
+    final: bool = False
+
+
 class ConversationItemCreate(ClientEvent, tag="conversation.item.create"):
     item: Item
     previous_item_id: str | None = None
@@ -183,7 +202,7 @@ CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
     cls.__struct_config__.tag: cls
     for cls in (SessionUpdate, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
                 InputTextBufferAppend, InputTextBufferCommit, ConversationItemCreate, ResponseCreate,
-                ResponseCancel)
+                ResponseCancel, InputVideoFrameAppend, InputVideoFrameCommit)
 }
 
 

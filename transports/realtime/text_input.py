@@ -10,7 +10,8 @@ whole prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rill.errors import TemplateRewritesTextError, ValidationError
 from rill.tokenizer import IncrementalEncoder, Tokenizer
@@ -27,6 +28,16 @@ class InputTurn:
     suffix: str  # closes the message and opens the answer
     per_chunk: bool  # respond_per_chunk: every piece is tokenized (and answered) at once
     text: str = ""
+    # A model that reads pictures or video (rill.transports.realtime.video): the prompt as the engine
+    # session holds it (rill.live_video.context), tokens sent to it, and the message's text and videos.
+    context: Any = None
+    num_sent: int = 0
+    parts: list = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """The prompt's length so far (pictures and frames placed)."""
+        return self.context.num_tokens if self.context is not None else self.encoder.num_committed_tokens
 
 
 @dataclass(frozen=True)

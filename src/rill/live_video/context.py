@@ -4,7 +4,10 @@
 
 Sans-IO and model-agnostic: the framing ids come from rill.live_video.framing. A video that loses all
 its pieces to the window goes whole, its open and close ids with it; text always stays (it is small,
-and the session's payload cap bounds it).
+and the session's payload cap bounds it), and so do pictures (`Fixed`: ids with their items).
+
+`from_placeholders` builds a context from a rendered prompt whose images and videos are still one
+placeholder each (a conversation rendered by its chat template, rill.transports.realtime.video).
 """
 
 from __future__ import annotations
@@ -25,9 +28,44 @@ class Video:
 
 
 @dataclass
+class Fixed:
+    """Ids that carry items (a picture's placeholders), the items placed within them."""
+
+    ids: list[int]
+    items: list
+
+
+@dataclass
 class LiveContext:
-    framing: VideoFraming
-    segments: list[list[int] | Video] = field(default_factory=list)  # text ids or a video, in order
+    framing: VideoFraming | None  # None: a model that reads pictures only (no video)
+    segments: list[list[int] | Video | Fixed] = field(default_factory=list)  # text ids, a video, a picture
+
+    @classmethod
+    def from_placeholders(cls, framing: VideoFraming, ids: list[int], media: list, image_pad: int | None = None,
+                          ) -> LiveContext:
+        """ids with one placeholder per image (image_pad) and per video (framing.pad_id, between its open and
+        close ids); media: for each, in order, its MultiModalItem (an image) or its Video (pieces)."""
+        context, queue, text = cls(framing), list(media), []
+        video_pad = framing.pad_id if framing is not None else None
+        i, n_open, n_close = 0, len(framing.open_ids) if framing else 0, len(framing.close_ids) if framing else 0
+        while i < len(ids):
+            token = ids[i]
+            if token == video_pad and queue and isinstance(queue[0], Video):
+                context.add_text(text[:len(text) - n_open])
+                context.segments.append(queue.pop(0))
+                text, i = [], i + 1 + n_close
+            elif token == image_pad and queue and not isinstance(queue[0], Video):
+                context.add_text(text)
+                item = queue.pop(0)
+                context.segments.append(Fixed([image_pad] * item.num_tokens, [item.at(0)]))
+                text, i = [], i + 1
+            else:
+                text.append(token)
+                i += 1
+        context.add_text(text)
+        if queue:
+            raise ValueError(f"{len(queue)} images or videos have no placeholder in the prompt")
+        return context
 
     # -- building ------------------------------------------------------------------------------------
 
@@ -106,6 +144,10 @@ class LiveContext:
         ids: list[int] = []
         items = []
         for segment in self.segments:
+            if isinstance(segment, Fixed):
+                items += [item.at(len(ids) + item.offset) for item in segment.items]
+                ids += segment.ids
+                continue
             if not isinstance(segment, Video):
                 ids += segment
                 continue
@@ -119,6 +161,6 @@ class LiveContext:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(s) if not isinstance(s, Video) else (
+        return sum(len(s.ids) if isinstance(s, Fixed) else len(s) if not isinstance(s, Video) else (
             len(self.framing.open_ids) + sum(p.num_tokens for p in s.pieces)
             + (len(self.framing.close_ids) if s.closed else 0)) for s in self.segments)

@@ -14,6 +14,11 @@ arrive meanwhile wait in the inbox, at most `max_waiting_frames` of them, the ol
 The window: after each piece, frames past the window (LiveVideoConfig) leave the context once at
 least `stride_frames` of them have gathered: the shorter context is sent as a rebase, prefilled beside
 the live one off the critical path (rill.engine.live_sessions). One rebase at a time.
+
+Frames come decoded (Frame) or as they came (RawFrame: decoded here, in a worker thread, only once
+the frame is taken, so a dropped frame costs nothing; a bad one goes to `on_bad_frame`). A feed may be
+paused (no engine session takes frames now: they wait, the drop policy holding) and retargeted to
+the next engine session (the realtime API opens one per turn).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import trio
 from rill.live_video.config import LiveVideoConfig
 from rill.live_video.context import LiveContext
 from rill.live_video.framing import PieceMaker
-from rill.live_video.frames import Frame
+from rill.errors import ValidationError
+from rill.live_video.frames import Frame, RawFrame, check_timestamp, decode_frame
 from rill.live_video.pacer import FrameInbox, Step
 from rill.live_video.stats import FeedCounts, LiveVideoStats
 
@@ -45,8 +51,13 @@ class FeedSink(Protocol):
 
 class LiveFeed:
     def __init__(self, engine, sink: FeedSink, maker: PieceMaker, context: LiveContext, config: LiveVideoConfig,
-                 stats: LiveVideoStats | None = None, max_tokens: int | None = None):
+                 stats: LiveVideoStats | None = None, max_tokens: int | None = None, policy=None):
         self.engine, self.sink, self.maker, self.context, self.config = engine, sink, maker, context, config
+        self.policy = policy  # rill.media.MediaPolicy, to decode RawFrames
+        self.on_bad_frame = lambda tag, error: None  # a RawFrame that could not be used
+        self.on_drop = lambda num_dropped: None  # a frame dropped (the feed's total so far)
+        self.paused = False
+        self.is_working = False  # a frame or step is being handled
         self.stats = stats or LiveVideoStats()
         self.max_tokens = max_tokens  # the context is trimmed before it passes this (e.g. half max_model_len)
         self.counts = FeedCounts()
@@ -64,10 +75,11 @@ class LiveFeed:
 
     # -- the transport's side (trio, non-blocking) ------------------------------------------------------
 
-    def put_frame(self, frame: Frame) -> None:
+    def put_frame(self, frame: Frame | RawFrame) -> None:
         self._count("num_frames_received")
         if self.inbox.put_frame(frame):
             self._count("num_frames_dropped")
+            self.on_drop(self.counts.num_frames_dropped)
         self._wake.unpark_all()
 
     def put_step(self, step: Step) -> None:
@@ -86,6 +98,33 @@ class LiveFeed:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def is_busy(self) -> bool:
+        """Frames are on their way into the engine session (waiting, being handled, or a half piece)."""
+        return not self.paused and bool(len(self.inbox) or self.is_working or self._pending)
+
+    def pause(self) -> None:
+        """No engine session takes frames now: they wait in the inbox for the next one, up to a window's
+        worth (max_frames; the oldest dropped past it)."""
+        self.paused = True
+        self.inbox.max_waiting = max(self.config.max_frames, self.config.max_waiting_frames)
+
+    def resume(self) -> None:
+        self.paused = False
+        self.inbox.max_waiting = self.config.max_waiting_frames
+        self._wake.unpark_all()
+
+    @property
+    def has_frames(self) -> bool:
+        return bool(self.inbox.num_frames or self._pending)
+
+    def retarget(self, context: LiveContext) -> None:
+        """The sink opened a new engine session whose context this is: nothing of it is in flight yet."""
+        self.context = context
+        self._in_flight.clear()
+        self._rebase_target = None
+        self._size = None
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -97,22 +136,41 @@ class LiveFeed:
     async def run(self) -> None:
         try:
             while True:
-                while not len(self.inbox):
+                while not len(self.inbox) or self.paused:
                     await self._wake.park()
                 entry = self.inbox.get()
-                if isinstance(entry, Frame):
-                    await self._take_frame(entry)
-                else:
-                    await self.close_video()
-                    entry()
+                self.is_working = True
+                try:
+                    if callable(entry):
+                        await self.close_video()
+                        entry()
+                    else:
+                        await self._take_frame(entry)
+                finally:
+                    self.is_working = False
         finally:
             self.close()
 
-    async def _take_frame(self, frame: Frame) -> None:
+    async def _take_frame(self, frame: Frame | RawFrame) -> None:
         await self._wait_for_room()
+        if isinstance(frame, RawFrame):
+            frame = await self._decode(frame)
+            if frame is None:
+                return
         self._pending.append(frame)
         if len(self._pending) == self.maker.frames_per_piece:
             await self._append_piece()
+
+    async def _decode(self, raw: RawFrame) -> Frame | None:
+        try:
+            check_timestamp(raw.timestamp_s, self._last_timestamp_s, "timestamp")
+            frame = await trio.to_thread.run_sync(decode_frame, raw.payload, self.policy, "image", raw.timestamp_s)
+        except ValidationError as exc:
+            self._count("num_bad_frames")
+            self.on_bad_frame(raw.tag, exc)
+            return None
+        self.note_timestamp(frame.timestamp_s)
+        return frame
 
     async def close_video(self) -> None:
         """Text follows (or the input ends): an odd frame goes in alone, then the video's closing ids."""

@@ -27,6 +27,14 @@ class Frame(msgspec.Struct, frozen=True):
     timestamp_s: float | None = None
 
 
+class RawFrame(msgspec.Struct, frozen=True):
+    """A frame as it came (decoded by the feed, only if it is not dropped first); `tag` names it in errors."""
+
+    payload: str  # base64 or a data:image URL
+    timestamp_s: float | None = None
+    tag: str | None = None  # e.g. the realtime event id
+
+
 def frame_bytes(payload: str, policy: MediaPolicy, param: str) -> bytes:
     """The encoded image inside a frame's payload (base64, or a data: URL)."""
     if payload.startswith("data:"):

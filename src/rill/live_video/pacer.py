@@ -9,26 +9,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from rill.live_video.frames import Frame
-
-Step = Callable[[], None]
+Step = Callable[[], None]  # anything else queued is a frame (rill.live_video.frames Frame or RawFrame)
 
 
 class FrameInbox:
     def __init__(self, max_waiting: int):
         self.max_waiting = max_waiting
-        self.entries: deque[Frame | Step] = deque()
+        self.entries: deque = deque()
         self.num_frames = 0  # frames waiting
         self.num_dropped = 0
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def put_frame(self, frame: Frame) -> bool:
+    def put_frame(self, frame) -> bool:
         """Queue a frame; True when an older waiting frame was dropped to make room."""
         dropped = False
         if self.num_frames >= self.max_waiting:
-            oldest = next(i for i, e in enumerate(self.entries) if isinstance(e, Frame))
+            oldest = next(i for i, e in enumerate(self.entries) if not callable(e))
             del self.entries[oldest]
             self.num_frames -= 1
             self.num_dropped += 1
@@ -40,9 +38,9 @@ class FrameInbox:
     def put_step(self, step: Step) -> None:
         self.entries.append(step)
 
-    def get(self) -> Frame | Step:
+    def get(self):
         entry = self.entries.popleft()
-        if isinstance(entry, Frame):
+        if not callable(entry):
             self.num_frames -= 1
         return entry
 

@@ -1,0 +1,241 @@
+"""Live video over the realtime API on both listeners (/v1/realtime on the HTTP port and the raw
+trio-websocket one), against a real server on a random-weight Qwen2-VL and a real trio-websocket client:
+`input_video_frame.append` frames (PNG drawn here) and a question created after them answer as the
+clip and question sent whole; `input_image` parts of conversation.item.create answer as the engine does
+with the picture; a bad frame or picture gets an error event and the connection goes on; a text-only
+model refuses both clearly; frames faster than the encoder are dropped (input_video_frame.dropped); a
+dropped connection frees its KV, its feed and its tasks."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import trio
+from PIL import Image
+
+from helpers_live_video import FLASHES_QUESTION, LAST_DIGIT_QUESTION, light_clip, png_b64, whole_answer
+from helpers_models import make_model_dir
+from helpers_server import one_torch_thread, running_server, wait_for  # noqa: F401
+from helpers_vision import make_vl_model_dir
+from rill.live_video.config import LiveVideoConfig
+from rill.media import load_image
+from rill.multimodal.inputs import IMAGE
+from rill.multimodal.qwen2_vl_inputs import VideoClip
+from rill.sampling_params import SamplingParams
+from rill.transports.http import ServerConfig
+from rill.transports.realtime.driver import RealtimeConfig
+from test_realtime_server import connect, hub, text_of
+
+STATES = [False, True, True, False, True, False, False, True]
+ANSWER = {"temperature": 0, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_vl_model_dir(tmp_path_factory.mktemp("qwen2_vl"), "qwen2_vl")
+
+
+@pytest.fixture(params=["http", "raw"])
+def listener(request) -> str:
+    return request.param
+
+
+def serve(model_dir, **live):
+    config = ServerConfig(realtime=RealtimeConfig(ws_port=0), live_video=LiveVideoConfig(**live))
+    return running_server(model_dir, config)
+
+
+async def greedy(client) -> None:
+    await client.update(temperature=0, max_response_output_tokens=6)
+
+
+async def stream(client, frames, start_ms: int = 0) -> list[str]:
+    return [await client.send("input_video_frame.append", image=png_b64(f), timestamp_ms=start_ms + 500 * i)
+            for i, f in enumerate(frames)]
+
+
+async def ask(client, question: str) -> list[dict]:
+    await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                        "content": [{"type": "input_text", "text": question}]})
+    return await client.respond()
+
+
+def data_url(pixels: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+async def image_answer(server, url: str, question: str) -> str:
+    """What the engine answers to one user message [picture, question], greedily."""
+    serving = server.serving
+    content = [{"type": "image"}, {"type": "text", "text": question}]
+    ids = serving.tokenizer.encode(serving.tokenizer.apply_chat_template([{"role": "user", "content": content}]),
+                                   add_special_tokens=False)
+    item = serving.mm_inputs.item(IMAGE, load_image(url, serving.options.media, param="image_url"))
+    ids, items = serving.mm_inputs.expand(ids, [item])
+    text = ""
+    async for delta in server.engine.generate(ids, SamplingParams(**ANSWER), mm_items=items):
+        text += delta.text
+    return text
+
+
+async def chat_answer(server, history: list) -> str:
+    """What the engine answers to a chat of user turns (clips, question) and assistant answers, greedily."""
+    serving, messages, items = server.serving, [], []
+    for turn in history:
+        if isinstance(turn, str):
+            messages.append({"role": "assistant", "content": turn})
+            continue
+        clips, question = turn
+        messages.append({"role": "user", "content": [{"type": "video"}] * len(clips) + [{"type": "text",
+                                                                                         "text": question}]})
+        items += [serving.mm_inputs.item("video", VideoClip(np.stack(c), 2.0)) for c in clips]
+    text = serving.tokenizer.apply_chat_template(messages)
+    ids, items = serving.mm_inputs.expand(serving.tokenizer.encode(text, add_special_tokens=False), items)
+    out = ""
+    async for delta in server.engine.generate(ids, SamplingParams(**ANSWER), mm_items=items):
+        out += delta.text
+    return out
+
+
+async def kv_and_feeds_free(server) -> None:
+    await wait_for(lambda: server.all_kv_free and not server.engine.core.requests, seconds=10)
+    await wait_for(lambda: hub(server).num_connections == 0 and server.serving.live_video.num_open_feeds == 0)
+
+
+# -- frames and a question ---------------------------------------------------------------------------------------
+
+
+async def test_streamed_frames_and_a_question_answer_as_the_whole_clip(model_dir, listener):
+    frames = light_clip(STATES)
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, frames)
+        events = await ask(client, FLASHES_QUESTION)
+        created = next(e for e in events if e["type"] == "conversation.item.created")
+        assert [p["type"] for p in created["item"]["content"]] == ["input_video", "input_text"]
+        assert created["item"]["content"][0]["num_frames"] == len(frames)
+        assert text_of(events) == await whole_answer(server, frames, FLASHES_QUESTION, ANSWER)
+        assert not [e for e in events if e["type"] == "error"]
+        stats = server.serving.live_video
+        assert stats.num_frames_appended == len(frames) and stats.num_frames_dropped == 0
+
+
+async def test_the_question_streamed_as_text_answers_the_same(model_dir, listener):
+    frames = light_clip(STATES[:6])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, frames)
+        await client.send("input_text_buffer.append", delta=LAST_DIGIT_QUESTION)
+        events = await client.respond()
+        assert text_of(events) == await whole_answer(server, frames, LAST_DIGIT_QUESTION, ANSWER)
+
+
+async def test_frames_after_an_answer_open_the_next_turn(model_dir, listener):
+    first, second = light_clip(STATES[:4]), light_clip(STATES[4:])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, first)
+        answer = text_of(await ask(client, FLASHES_QUESTION))
+        await stream(client, second, start_ms=2000)
+        events = await ask(client, LAST_DIGIT_QUESTION)
+        assert server.serving.live_video.num_frames_appended == len(first) + len(second)
+        # The second turn's prompt: the first turn's video and question, the answer, the new video and question.
+        history = [([first], FLASHES_QUESTION), answer, ([second], LAST_DIGIT_QUESTION)]
+        assert text_of(events) == await chat_answer(server, history)
+
+
+# -- pictures ------------------------------------------------------------------------------------------------------
+
+
+async def test_input_image_item_answers_as_the_engine_with_the_picture(model_dir, listener):
+    url = data_url(light_clip([True])[0])
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        await greedy(client)
+        await client.send("conversation.item.create", item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "What is red?"}]})
+        created = (await client.until("conversation.item.created"))[-1]
+        assert [p["type"] for p in created["item"]["content"]] == ["input_image", "input_text"]
+        assert "image_url" not in created["item"]["content"][0]  # processed, not echoed back
+        events = await client.respond()
+        assert text_of(events) == await image_answer(server, url, "What is red?")
+
+
+# -- errors ---------------------------------------------------------------------------------------------------------
+
+
+async def test_bad_frames_and_pictures_get_error_events_and_the_stream_goes_on(model_dir, listener):
+    frames = light_clip(STATES[:4])
+    not_an_image = base64.b64encode(b"certainly not a PNG").decode()
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, frames[:2])
+        bad = [await client.send("input_video_frame.append", image="%%% not base64"),
+               await client.send("input_video_frame.append", image=not_an_image),
+               await client.send("input_video_frame.append", image=png_b64(frames[0]), timestamp_ms=10)]
+        errors = [await client.error() for _ in bad]
+        assert sorted(e["event_id"] for e in errors) == sorted(bad)
+        assert {e["code"] for e in errors} <= {"invalid_image", "invalid_timestamp"}
+        assert any(e["code"] == "invalid_timestamp" for e in errors)
+        await stream(client, frames[2:], start_ms=1000)
+        await client.send("conversation.item.create", item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_image", "image_url": "data:image/png;base64," + not_an_image}]})
+        assert (await client.error())["code"] == "invalid_image"
+        events = await ask(client, FLASHES_QUESTION)
+        assert text_of(events) == await whole_answer(server, frames, FLASHES_QUESTION, ANSWER)
+        assert server.serving.live_video.num_bad_frames >= 3
+
+
+async def test_a_text_only_model_refuses_frames_and_pictures_clearly(tmp_path, listener):
+    text_dir = make_model_dir(tmp_path / "mistral", "mistral")
+    async with serve(text_dir) as server, connect(server, listener) as client:
+        await client.send("input_video_frame.append", image=png_b64(light_clip([True])[0]))
+        error = await client.error()
+        assert error["code"] == "unsupported_modality" and "video" in error["message"]
+        await client.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_image", "image_url": data_url(
+                light_clip([True])[0])}]})
+        error = await client.error()
+        assert error["code"] == "unsupported_modality" and error["param"] == "item.content[0].type"
+        await client.say("text works")
+        assert (await client.respond(max_output_tokens=1))[-1]["type"] == "response.done"
+
+
+# -- pacing and cleanup ---------------------------------------------------------------------------------------------
+
+
+async def test_frames_faster_than_the_encoder_are_dropped_and_told(model_dir, listener):
+    frames = light_clip([i % 2 == 0 for i in range(24)])
+    async with serve(model_dir, max_waiting_frames=1, max_frames_in_flight=2) as server, \
+            connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, frames)
+        events = await ask(client, FLASHES_QUESTION)
+        dropped = [e for e in events if e["type"] == "input_video_frame.dropped"]
+        assert dropped and dropped[-1]["num_frames_dropped"] == max(e["num_frames_dropped"] for e in dropped)
+        stats = server.serving.live_video
+        assert stats.num_frames_dropped > 0
+        assert stats.num_frames_appended + stats.num_frames_dropped == len(frames)
+        assert events[-1]["type"] == "response.done" and not [e for e in events if e["type"] == "error"]
+
+
+async def test_a_dropped_connection_frees_kv_feed_and_tasks(model_dir, listener):
+    frames = light_clip([i % 3 == 0 for i in range(12)])
+    async with serve(model_dir, max_waiting_frames=64) as server:
+        async with connect(server, listener) as client:
+            await greedy(client)
+            await stream(client, frames)
+            await wait_for(lambda: server.serving.live_video.num_frames_appended >= 4, seconds=30)
+            assert not server.all_kv_free and server.serving.live_video.num_open_feeds == 1
+        await kv_and_feeds_free(server)
+        async with connect(server, listener) as client:  # the server goes on
+            await greedy(client)
+            await stream(client, frames[:2])
+            assert text_of(await ask(client, FLASHES_QUESTION))
+        await kv_and_feeds_free(server)
