@@ -51,8 +51,12 @@ def test_vision_bench_default_model_runs_every_side_on_the_same_pictures(tmp_pat
     for side in sides.values():
         assert_side_ran(side)
         assert {side[m]["round"] for m in MODES} <= {0, 1}
-    # The server runs the same engine: the same answers.
-    assert sides["rill_http"]["concurrent"]["texts"] == sides["rill"]["concurrent"]["texts"]
+    # The server runs the same engine: the same answers. Each round draws new pictures and each side
+    # keeps its fastest round, so texts compare only within one round (agreement with transformers,
+    # checked above over every round, covers the rest).
+    for mode in MODES:
+        if sides["rill_http"][mode]["round"] == sides["rill"][mode]["round"]:
+            assert sides["rill_http"][mode]["texts"] == sides["rill"][mode]["texts"]
     encoder = result["encoder"]
     for name in ("rill", "transformers"):
         assert encoder[name]["batch1"]["images_per_call"] == 1 and encoder[name]["concurrent"]["images_per_call"] == 2
