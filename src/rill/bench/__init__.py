@@ -11,6 +11,7 @@
     rill bench kv-memory        KV bytes of a 32k-token Gemma-3-shaped sequence: per-layer windows vs full attention
     rill bench voice            speech over /v1/realtime: transcript lag, end of speech to first token, streams
     rill bench vision           a picture + question: vision encoder images/s, requests/s vs. transformers
+    rill bench live-video       frames streamed over /v1/realtime, a question at the end: first token vs. whole clip
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -35,6 +36,8 @@ COMMANDS = {
     "kv-memory": ("kv_memory", "KV bytes one long sequence holds: per-layer windows vs full attention, no model"),
     "voice": ("voice", "spoken questions over /v1/realtime: transcript lag, first answer token, concurrent streams"),
     "vision": ("vision", "a picture + question at 1 and 16 concurrent, and the vision encoder: rill vs. transformers"),
+    "live-video": ("live_video", "a clip streamed at 2 fps over /v1/realtime, a question at its end: first token "
+                   "vs. the whole clip in one request; frames/s sustained"),
 }
 
 
