@@ -269,6 +269,7 @@ def plot(result: dict, path) -> None:
         rounds = range(1, len(first["live"]) + 1)
         axes[1].plot(rounds, first["live"], marker="o", label="live")
         axes[1].plot(rounds, first["whole"], marker="o", label="whole clip")
+        axes[1].set_xticks(list(rounds))
         axes[1].set_xlabel("round")
         axes[1].set_ylabel("first token, ms")
         axes[1].set_yscale("log")
