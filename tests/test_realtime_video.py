@@ -239,3 +239,93 @@ async def test_a_dropped_connection_frees_kv_feed_and_tasks(model_dir, listener)
             await stream(client, frames[:2])
             assert text_of(await ask(client, FLASHES_QUESTION))
         await kv_and_feeds_free(server)
+
+
+# -- more of the protocol: vLLM's commit, frames during an answer, limits at and past them -------------------------
+
+
+async def test_vllm_commit_with_a_query_answers_as_the_whole_clip(model_dir, listener):
+    frames = light_clip(STATES[:6])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, frames)
+        await client.send("input_video_frame.commit", query=FLASHES_QUESTION)
+        events = await client.until("response.done")
+        assert text_of(events) == await whole_answer(server, frames, FLASHES_QUESTION, ANSWER)
+        await client.send("input_video_frame.commit")  # nothing new to commit
+        assert (await client.error())["code"] == "input_video_frame_commit_empty"
+
+
+async def test_frames_sent_during_an_answer_wait_and_form_the_next_message(model_dir, listener):
+    first, second = light_clip(STATES[:4]), light_clip(STATES[4:])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, first)
+        await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                            "content": [{"type": "input_text", "text": FLASHES_QUESTION}]})
+        await client.send("response.create", response={"max_output_tokens": 48})
+        started = await client.until("response.output_text.delta")
+        await stream(client, second, start_ms=2000)  # while the first answer is on its way
+        done = started + await client.until("response.done")
+        assert done[-1]["response"]["usage"]["output_tokens"] > 2 * len(second)
+        answer = text_of(done)
+        events = await ask(client, LAST_DIGIT_QUESTION)
+        history = [([first], FLASHES_QUESTION), answer, ([second], LAST_DIGIT_QUESTION)]
+        assert text_of(events) == await chat_answer(server, history)
+
+
+async def test_frames_need_a_session_that_answers_when_asked(model_dir, listener):
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        await client.update(output_mode="respond_per_chunk")
+        await client.send("input_video_frame.append", image=png_b64(light_clip([True])[0]))
+        error = await client.error()
+        assert error["code"] == "unsupported_modality" and error["param"] == "session.output_mode"
+        await client.send("input_video_frame.append", image="", timestamp_ms=0)
+        assert (await client.error())["code"] in ("unsupported_modality", "invalid_image")
+        assert server.serving.live_video.num_feeds == 0
+
+
+async def test_frame_fields_are_checked(model_dir, listener):
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        for fields, code in (({"image": ""}, "invalid_image"), ({"image": "aGk=", "timestamp_ms": -1}, "invalid_value"),
+                             ({"image": 7}, "invalid_type"), ({}, "missing_required_parameter")):
+            await client.send("input_video_frame.append", **fields)
+            assert (await client.error())["code"] == code, fields
+        assert server.serving.live_video.num_frames_received == 0
+
+
+async def test_a_frame_at_the_byte_limit_is_taken_and_one_past_it_refused(model_dir, listener):
+    from rill.media.policy import MediaPolicy
+
+    frame = light_clip([True])[0]
+    size = len(base64.b64decode(png_b64(frame)))
+    config = ServerConfig(realtime=RealtimeConfig(ws_port=0), media=MediaPolicy(max_media_bytes=size),
+                          live_video=LiveVideoConfig(max_waiting_frames=64))
+    async with running_server(model_dir, config) as server, connect(server, listener) as client:
+        await greedy(client)
+        bigger = light_clip([True, False], size=(90, 60))[1]
+        assert len(base64.b64decode(png_b64(bigger))) > size
+        await client.send("input_video_frame.append", image=png_b64(frame), timestamp_ms=0)
+        await client.send("input_video_frame.append", image=png_b64(frame), timestamp_ms=500)
+        refused = await client.send("input_video_frame.append", image=png_b64(bigger), timestamp_ms=1000)
+        error = await client.error()
+        assert (error["code"], error["event_id"]) == ("invalid_image", refused) and str(size) in error["message"]
+        events = await ask(client, FLASHES_QUESTION)
+        assert text_of(events) == await whole_answer(server, [frame, frame], FLASHES_QUESTION, ANSWER)
+
+
+async def test_pictures_per_conversation_at_the_limit_and_past_it(model_dir, listener):
+    urls = [data_url(f) for f in light_clip([True, False, True])]
+    config = ServerConfig(realtime=RealtimeConfig(ws_port=0), limit_mm_per_prompt={"image": 2, "video": 1})
+    async with running_server(model_dir, config) as server, connect(server, listener) as client:
+        await greedy(client)
+        for url in urls[:2]:
+            await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                                "content": [{"type": "input_image", "image_url": url}]})
+            assert (await client.until("conversation.item.created"))[-1]["item"]["content"][0]["type"] == "input_image"
+        await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                            "content": [{"type": "input_image", "image_url": urls[2]}]})
+        error = await client.error()
+        assert error["code"] == "too_many_media" and "2" in error["message"]
+        events = await client.respond()
+        assert events[-1]["type"] == "response.done" and not [e for e in events if e["type"] == "error"]

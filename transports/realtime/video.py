@@ -107,7 +107,7 @@ class VideoInput:
             raise RealtimeError("unsupported_modality", f"frames need a model that reads video: {self._no_video}",
                                 "image")
         if conn.settings.output_mode != "respond_at_end" or conn.settings.session_type != "realtime":
-            raise RealtimeError("unsupported", "frames stream into realtime sessions that answer when asked "
+            raise RealtimeError("unsupported_modality", "frames stream into realtime sessions that answer when asked "
                                 "(output_mode respond_at_end)", "session.output_mode")
         ts = event.timestamp_ms / 1000 if event.timestamp_ms is not None else event.timestamp
         if ts is not None and ts < 0:
