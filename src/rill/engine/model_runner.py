@@ -14,6 +14,7 @@ from rill.engine.scheduler import ScheduledBatch
 from rill.engine.sequence import Sequence
 from rill.models.attention import AttentionMetadata
 from rill.models.llama import CausalLM
+from rill.models.linear import decode_step
 from rill.outputs import TokenLogprob
 
 
@@ -107,8 +108,9 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, sampling: list[Sequence]) -> list[SampledToken]:
         """Run one step; return a sampled token for each sequence in `sampling` (a subset of batch)."""
         ids, pos, meta, starts = self._prepare(batch)
-        hidden = self._forward(batch, ids, pos, meta)
-        return self._sample(hidden, starts, batch, sampling)
+        with decode_step(meta.max_query_len == 1):  # every sequence adds one token (models/linear.py)
+            hidden = self._forward(batch, ids, pos, meta)
+            return self._sample(hidden, starts, batch, sampling)
 
     @torch.inference_mode()
     def execute_scoring_prompts(self, batch: ScheduledBatch, sampling: list[Sequence], spans: list[PromptSpan],
