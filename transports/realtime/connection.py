@@ -466,10 +466,11 @@ class RealtimeConnection:
         item, self._audio_item = self._audio_item, None
         if item is not None:
             item.content[0].transcript = self._turn.text
-        item = item or self.video.user_item(self._turn) or user_text_item(self._turn.text)
+        item = self.video.user_item(self._turn, item) or item or user_text_item(self._turn.text)
         previous = self.conversation.add(item)
         if committed:
-            kind = InputAudioBufferCommitted if item.content[0].type == "input_audio" else InputTextBufferCommitted
+            spoken = any(part.type == "input_audio" for part in item.content)
+            kind = InputAudioBufferCommitted if spoken else InputTextBufferCommitted
             self._out.append(kind(item_id=item.id, previous_item_id=previous))
         self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
 

@@ -258,13 +258,25 @@ class VideoInput:
         return [m for item in self.conn.conversation.items for m in self.media.get(item.id, ())
                 if not (isinstance(m, Video) and not m.pieces)]
 
-    def user_item(self, turn) -> Item | None:
-        """The committed message, when it holds video: its parts in the order they came."""
+    def user_item(self, turn, spoken: Item | None = None) -> Item | None:
+        """The committed message, when it holds video: its parts in the order they came. `spoken`: the
+        message was said (an input_audio item, its transcript the turn's text): its audio part stands where
+        the words began, in place of their text."""
         if not any(isinstance(p, Video) for p in turn.parts):
             return None
-        content = [ContentPart("input_video", num_frames=p.num_frames) if isinstance(p, Video)
-                   else ContentPart("input_text", text=p) for p in turn.parts]
-        item = Item(type="message", id=new_id("item"), role="user", status="completed", content=content)
+        audio = spoken.content[0] if spoken is not None else None
+        content = []
+        for part in turn.parts:
+            if isinstance(part, Video):
+                content.append(ContentPart("input_video", num_frames=part.num_frames))
+            elif audio is None:
+                content.append(ContentPart("input_text", text=part))
+            elif not any(c is audio for c in content):
+                content.append(audio)
+        if audio is not None and not any(c is audio for c in content):
+            content.append(audio)  # nothing was heard yet: the (empty) audio part closes the message
+        item = spoken or Item(type="message", id=new_id("item"), role="user", status="completed")
+        item.content = content
         self.media[item.id] = [p for p in turn.parts if isinstance(p, Video)]
         return item
 
