@@ -329,3 +329,30 @@ async def test_pictures_per_conversation_at_the_limit_and_past_it(model_dir, lis
         assert error["code"] == "too_many_media" and "2" in error["message"]
         events = await client.respond()
         assert events[-1]["type"] == "response.done" and not [e for e in events if e["type"] == "error"]
+
+
+async def test_an_item_inserted_before_the_streaming_message_reopens_it_with_its_frames(model_dir, listener):
+    frames = light_clip(STATES[:6])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await client.say("Hello")
+        await stream(client, frames)
+        await client.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Watch this."}]}, previous_item_id="root")
+        inserted = (await client.until("conversation.item.created"))[-1]
+        assert inserted["previous_item_id"] is None  # first in the conversation, before the frames' message
+        events = await ask(client, FLASHES_QUESTION)
+        messages = [{"role": "user", "content": "Watch this."}, {"role": "user", "content": "Hello"},
+                    {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": FLASHES_QUESTION}]}]
+        assert text_of(events) == await messages_answer(server, messages, [frames])
+
+
+async def messages_answer(server, messages: list[dict], clips: list) -> str:
+    serving = server.serving
+    items = [serving.mm_inputs.item("video", VideoClip(np.stack(c), 2.0)) for c in clips]
+    text = serving.tokenizer.apply_chat_template(messages)
+    ids, items = serving.mm_inputs.expand(serving.tokenizer.encode(text, add_special_tokens=False), items)
+    out = ""
+    async for delta in server.engine.generate(ids, SamplingParams(**ANSWER), mm_items=items):
+        out += delta.text
+    return out
