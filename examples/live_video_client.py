@@ -8,6 +8,7 @@ window (--live-video-max-frames) leave the context, so the stream may run for ho
     python examples/live_video_client.py clip.mp4 --fps 2 # then type: How many times did the light flash?
     python examples/live_video_client.py --camera /dev/video0 --fps 2        # Linux (v4l2)
     python examples/live_video_client.py --camera 0 --camera-format avfoundation   # macOS
+    python examples/live_video_client.py --camera testsrc=rate=30 --camera-format lavfi   # FFmpeg's test source
     echo "What digit was shown last?" | python examples/live_video_client.py clip.mp4 --ask-at-end
 
 Needs PyAV (`pip install av`) and trio-websocket. Frames are sent at the clip's own pace: `--fps` takes
@@ -67,10 +68,12 @@ def frames(args: argparse.Namespace):
     while True:
         with open_source(args) as container:
             stream = container.streams.video[0]
-            last_s = 0.0
+            first_s = last_s = None  # a camera's clock starts anywhere: times count from its first frame
             for frame in container.decode(stream):
-                time_s = offset_s + (float(frame.time) if frame.time is not None else last_s)
-                last_s = time_s - offset_s
+                pts_s = float(frame.time) if frame.time is not None else last_s or 0.0
+                first_s = pts_s if first_s is None else first_s
+                last_s = pts_s
+                time_s = offset_s + pts_s - first_s
                 if time_s + 1e-6 < next_s:
                     continue
                 next_s = time_s + 1 / args.fps

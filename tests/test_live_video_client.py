@@ -64,3 +64,41 @@ async def test_the_example_streams_a_file_and_answers_a_question_from_stdin(mode
         expected = await whole_answer(server, decoded, FLASHES_QUESTION, {"temperature": 0, "max_tokens": 6})
         assert expected and done.stdout.decode().strip("\n") == expected
         assert server.serving.live_video.num_frames_appended == len(STATES)
+
+
+async def read(stream, sink: list) -> None:
+    async for chunk in stream:
+        sink.append(chunk)
+
+
+async def test_the_example_streams_a_live_source_as_a_camera_until_stdin_ends(model_dir):
+    """--camera with FFmpeg's lavfi test source standing in for a webcam (an endless stream whose clock
+    starts anywhere): frames go at --fps while it runs, a question typed after a while is answered about
+    them, and the client stops at the end of stdin."""
+    config = ServerConfig(realtime=RealtimeConfig(ws_port=0), live_video=LiveVideoConfig(max_waiting_frames=64))
+    async with running_server(model_dir, config) as server:
+        url = server.url.replace("http://", "ws://") + "/v1/realtime"
+        command = [sys.executable, str(CLIENT), "--camera", "testsrc=size=84x56:rate=8", "--camera-format", "lavfi",
+                   "--url", url, "--fps", "4", "--max-tokens", "4"]
+        stats = server.serving.live_video
+        with trio.fail_after(60):
+            process = await trio.lowlevel.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                       stderr=subprocess.PIPE)
+            try:
+                while stats.num_frames_appended < 4:
+                    await trio.sleep(0.05)
+                await process.stdin.send_all((FLASHES_QUESTION + "\n").encode())
+                await process.stdin.aclose()
+                out, err = [], []
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read, process.stdout, out)
+                    nursery.start_soon(read, process.stderr, err)
+                    await process.wait()
+            finally:
+                if process.returncode is None:  # the test failed first: stop the client
+                    process.kill()
+                    await process.wait()
+        stdout, stderr = b"".join(out).decode(), b"".join(err).decode()
+        assert process.returncode == 0, stderr
+        assert "first token" in stderr and "error" not in stderr and stdout.strip()
+        assert stats.num_frames_appended >= 4 and stats.num_frames_dropped == 0
