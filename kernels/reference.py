@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -119,24 +120,58 @@ def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, soft
     """All sequences, in buckets of similar context length (little padding), each bucket one fused
     scaled_dot_product_attention over the blocks its sequences' windows can see."""
     num_seqs, heads, dim = query.shape
-    block_size = k_cache.shape[1]
+    out = torch.empty(num_seqs, heads, dim, dtype=torch.float32, device=query.device)
+    for part in _decode_plan(block_tables, seq_lens, window, k_cache.shape[1]):
+        k = _gather_rows(k_cache, part.ids, 0, part.invalid_rows, part.length)  # [b, Hkv, L, D], reused memory
+        v = _gather_rows(v_cache, part.ids, 1, part.invalid_rows, part.length)
+        o = _sdpa(query[part.seqs, :, None, :].float(), k.float(), v.float(), part.visible, scale, softcap)
+        # [b, H, 1, D]
+        out[part.seqs] = o[:, :, 0, :]
+    return out
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """One fused decode call: which sequences, which cache blocks, which gathered rows are visible."""
+
+    seqs: torch.Tensor  # [b] int64
+    ids: torch.Tensor  # [b * W] int64: the cache blocks gathered, W per sequence
+    length: int  # L = W * block_size, the gathered positions per sequence
+    invalid_rows: torch.Tensor  # [n] int64: rows of the [b * L] gather that are padding or unwritten
+    visible: torch.Tensor  # [b, 1, 1, L] bool: the attention mask
+
+
+def _decode_plan(block_tables, seq_lens, window, block_size) -> list[_Bucket]:
+    """The buckets of a decode call. Every layer of a step attends with the same tables, lengths and
+    window, so the plan is kept per thread and window and reused while the tables and lengths hold the
+    same values (compared, not trusted by identity: the caller may refill a tensor in place)."""
+    plans = getattr(_scratch, "plans", None)
+    if plans is None:
+        plans = _scratch.plans = {}
+    key = (window, block_size, block_tables.device, torch.is_inference_mode_enabled())
+    kept = plans.get(key)
+    if kept is not None and torch.equal(kept[0], block_tables) and torch.equal(kept[1], seq_lens):
+        return kept[2]
+    plan = _make_plan(block_tables, seq_lens, window, block_size)
+    plans[key] = (block_tables.clone(), seq_lens.clone(), plan)
+    return plan
+
+
+def _make_plan(block_tables, seq_lens, window, block_size) -> list[_Bucket]:
     lens = seq_lens.long()
     first = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)
     first_block = first // block_size
     num_blocks = (lens + block_size - 1) // block_size - first_block
-    out = torch.empty(num_seqs, heads, dim, dtype=torch.float32, device=query.device)
+    plan = []
     for seqs in _buckets(num_blocks):
         width = int(num_blocks[seqs].max())
         logical = (first_block[seqs, None] + torch.arange(width)[None, :]).clamp(max=block_tables.shape[1] - 1)
         ids = block_tables[seqs].long().gather(1, logical).flatten()  # [b * W]
         pos = first_block[seqs, None] * block_size + torch.arange(width * block_size)[None, :]  # [b, L]
         valid = (pos < lens[seqs, None]) & (pos >= first[seqs, None])
-        k = _gather_rows(k_cache, ids, 0, ~valid)  # [b, Hkv, L, D], a view of reused scratch memory
-        v = _gather_rows(v_cache, ids, 1, ~valid)
-        o = _sdpa(query[seqs, :, None, :].float(), k.float(), v.float(), valid[:, None, None, :], scale, softcap)
-        # [b, H, 1, D]
-        out[seqs] = o[:, :, 0, :]
-    return out
+        invalid_rows = (~valid).view(-1).nonzero().squeeze(1)
+        plan.append(_Bucket(seqs, ids, width * block_size, invalid_rows, valid[:, None, None, :]))
+    return plan
 
 
 MAX_PADDING = 1.25  # a bucket's padded size over its sequences' own blocks
@@ -160,10 +195,11 @@ def _buckets(num_blocks: torch.Tensor) -> list[torch.Tensor]:
 _scratch = threading.local()  # per thread: the engine's worker reuses its gather buffers every step
 
 
-def _gather_rows(cache, ids, which: int, invalid):
+def _gather_rows(cache, ids, which: int, invalid_rows, length: int):
     """cache[ids] as [b, Hkv, L, D] (a strided view) in memory reused across calls: a fresh
-    tensor this size costs more in page faults than the copy itself. Rows of `invalid` positions
-    (padding, slots not yet written) are zeroed so that nothing unwritten reaches the softmax."""
+    tensor this size costs more in page faults than the copy itself. The `invalid_rows` of the
+    [b * L] positions (padding, slots not yet written) are zeroed so that nothing unwritten reaches
+    the softmax."""
     num_blocks, block_size, kv_heads, dim = cache.shape
     row = block_size * kv_heads * dim
     key = (which, cache.dtype, cache.device, torch.is_inference_mode_enabled())  # an inference tensor is read-only outside it
@@ -174,6 +210,6 @@ def _gather_rows(cache, ids, which: int, invalid):
     if buf is None or buf.shape[0] < ids.numel() or buf.shape[1] != row:
         buf = buffers[key] = torch.empty(ids.numel(), row, dtype=cache.dtype, device=cache.device)
     rows = torch.index_select(cache.view(num_blocks, row), 0, ids, out=buf[: ids.numel()])
-    b, length = invalid.shape
-    rows.view(b * length, kv_heads * dim).index_fill_(0, invalid.view(-1).nonzero().squeeze(1), 0)
+    b = ids.numel() * block_size // length
+    rows.view(b * length, kv_heads * dim).index_fill_(0, invalid_rows, 0)
     return rows.view(b, length, kv_heads, dim).transpose(1, 2)
