@@ -13,7 +13,6 @@ import io
 
 import numpy as np
 import pytest
-import trio
 from PIL import Image
 
 from helpers_live_video import FLASHES_QUESTION, LAST_DIGIT_QUESTION, light_clip, png_b64, whole_answer
