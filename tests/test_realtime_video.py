@@ -355,3 +355,27 @@ async def messages_answer(server, messages: list[dict], clips: list) -> str:
     async for delta in server.engine.generate(ids, SamplingParams(**ANSWER), mm_items=items):
         out += delta.text
     return out
+
+
+async def test_a_camera_across_many_turns_keeps_only_the_window_of_frames(model_dir, listener):
+    """Frames, a question, an answer, again and again: older turns' videos leave the context through the
+    window too (max_frames 4), so each turn's prompt grows only by the text of the turns before it."""
+    async with serve(model_dir, max_frames=4, rebase_frames=2, max_waiting_frames=64) as server, \
+            connect(server, listener) as client:
+        await greedy(client)
+        prompts, messages = [], []
+        for turn in range(4):
+            await stream(client, light_clip(STATES[:6]), start_ms=10_000 * turn)
+            events = await ask(client, FLASHES_QUESTION)
+            assert events[-1]["type"] == "response.done" and not [e for e in events if e["type"] == "error"]
+            prompts.append(events[-1]["response"]["usage"]["input_tokens"])
+            messages += [{"role": "user", "content": FLASHES_QUESTION}, {"role": "assistant", "content": text_of(events)}]
+        stats = server.serving.live_video
+        # In the context at the end: at most the window, a rebase's stride and the frames in flight (a
+        # rebase waits for the last one to take effect), of the 24 streamed over four turns.
+        assert stats.num_frames_appended == 24 and 24 - stats.num_frames_trimmed <= 4 + 2 + 4
+        # The last prompt less its text (the same conversation without video) is the frames left in it and
+        # each video's two framing ids: about 10 frames (5 pieces of 6 tokens), not 24 (72 tokens).
+        tokenizer = server.serving.tokenizer
+        text_only = len(tokenizer.encode(tokenizer.apply_chat_template(messages[:-1]), add_special_tokens=False))
+        assert prompts[-1] - text_only <= 5 * 6 + 2 * 4 < 12 * 6, (prompts, text_only)
