@@ -179,6 +179,13 @@ class VoiceInput:
         self.item_id = self.item_id or new_id("item")
         return self.item_id
 
+    def _audio_index(self, item_id: str) -> int:
+        """Where the committed item's audio part is: 0, or after the live video the words followed
+        (rill.transports.realtime.video)."""
+        item = next((i for i in self.conn.conversation.items if i.id == item_id), None)
+        parts = (item.content or []) if item is not None else []
+        return next((k for k, part in enumerate(parts) if part.type == "input_audio"), 0)
+
     def _started(self, event: SpeechStarted) -> None:
         self.conn.emit(SpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._item()))
         turn = self.conn.settings.turn_detection
@@ -200,8 +207,8 @@ class VoiceInput:
         if text:
             self._heard.append(text)
             self._commit_item(item_id, text)
-        self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text,
-                                                   usage=TranscriptUsage(round(event.audio_s, 3))))
+        self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text, content_index=self._audio_index(
+            item_id), usage=TranscriptUsage(round(event.audio_s, 3))))
         if event.final:
             self.conn.emit(TranscriptionDone(text=" ".join(self._heard)))
         if event.by_commit and self.num_pending_commits:
