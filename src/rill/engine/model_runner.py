@@ -14,7 +14,7 @@ from rill.engine.scheduler import ScheduledBatch
 from rill.engine.sequence import Sequence
 from rill.models.attention import AttentionMetadata
 from rill.models.llama import CausalLM
-from rill.models.linear import decode_step
+from rill.models.linear import decode_step, pack_for_cpu
 from rill.outputs import TokenLogprob
 
 
@@ -32,6 +32,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, sampler: Sampler,
                  layout: KVLayout | None = None):
         cfg = model.config
+        pack_for_cpu(model)  # float32 CPU linears multiply with oneDNN's packed weights (models/linear.py)
         self.model = model
         self.block_size = block_size
         self.sampler = sampler

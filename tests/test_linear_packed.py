@@ -1,0 +1,51 @@
+"""models/linear.py pack_for_cpu: float32 CPU Linear layers multiply with oneDNN's pre-packed weights,
+close to F.linear, with rows that do not depend on how many are computed together (what chunked prefill
+and batching rely on); layers built with pack=False, other dtypes and shared (tied) weights keep theirs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rill.models.linear import Linear, pack_for_cpu
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, 32)
+        self.proj = Linear(32, 48, bias=True)
+        self.down = Linear(48, 32, bias=False, pack=False)
+        self.head = Linear(32, 50, bias=False)
+        self.head.weight = self.embed.weight
+        self.wide = Linear(32, 16).to(torch.float64)
+
+
+def test_pack_frees_plain_weights_except_shared_ones_and_skips_what_it_should():
+    model = Tied()
+    assert pack_for_cpu(model) == 2  # proj and head
+    assert model.proj.packed is not None and model.proj.weight.numel() == 0  # freed
+    assert model.head.packed is not None and model.embed.weight.shape == (50, 32)  # the tie keeps it
+    assert model.down.packed is None and model.down.weight.shape == (32, 48)  # pack=False
+    assert model.wide.packed is None  # float64
+    assert pack_for_cpu(model) == 0  # idempotent
+    assert pack_for_cpu(object()) == 0  # not a module (a tensor-parallel driver's handle)
+
+
+def test_packed_layers_equal_f_linear_to_rounding_and_rows_do_not_depend_on_the_batch():
+    model = Tied()
+    plain_w, plain_b, head_w = model.proj.weight.detach().clone(), model.proj.bias.detach().clone(), model.embed.weight
+    pack_for_cpu(model)
+    x = torch.randn(300, 32)
+    with torch.inference_mode():
+        full = model.proj(x)
+        torch.testing.assert_close(full, F.linear(x, plain_w, plain_b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.head(x[:8]), F.linear(x[:8], head_w), rtol=1e-5, atol=1e-5)
+        for rows in (1, 2, 3, 8, 9, 17):
+            assert torch.equal(model.proj(x[:rows]), full[:rows]), rows
+        assert model.proj(x.view(10, 30, 32)).shape == (10, 30, 48)  # leading dims kept
