@@ -359,23 +359,66 @@ async def messages_answer(server, messages: list[dict], clips: list) -> str:
 
 async def test_a_camera_across_many_turns_keeps_only_the_window_of_frames(model_dir, listener):
     """Frames, a question, an answer, again and again: older turns' videos leave the context through the
-    window too (max_frames 4), so each turn's prompt grows only by the text of the turns before it."""
+    window too (max_frames 4), so the engine session never holds more than the window's frames."""
     async with serve(model_dir, max_frames=4, rebase_frames=2, max_waiting_frames=64) as server, \
             connect(server, listener) as client:
         await greedy(client)
-        prompts, messages = [], []
+        stats, pad = server.serving.live_video, server.serving.mm_inputs.placeholder("video")
+        in_context = []  # video placeholders in the engine's live session before each question
         for turn in range(4):
             await stream(client, light_clip(STATES[:6]), start_ms=10_000 * turn)
+            await wait_for(lambda: stats.num_frames_appended == 6 * (turn + 1))
+            in_context.append(max(seq.token_ids.count(pad) for seqs in server.engine.core.requests.values()
+                                  for seq in seqs))
             events = await ask(client, FLASHES_QUESTION)
             assert events[-1]["type"] == "response.done" and not [e for e in events if e["type"] == "error"]
-            prompts.append(events[-1]["response"]["usage"]["input_tokens"])
-            messages += [{"role": "user", "content": FLASHES_QUESTION}, {"role": "assistant", "content": text_of(events)}]
-        stats = server.serving.live_video
-        # In the context at the end: at most the window, a rebase's stride and the frames in flight (a
-        # rebase waits for the last one to take effect), of the 24 streamed over four turns.
-        assert stats.num_frames_appended == 24 and 24 - stats.num_frames_trimmed <= 4 + 2 + 4
-        # The last prompt less its text (the same conversation without video) is the frames left in it and
-        # each video's two framing ids: about 10 frames (5 pieces of 6 tokens), not 24 (72 tokens).
-        tokenizer = server.serving.tokenizer
-        text_only = len(tokenizer.encode(tokenizer.apply_chat_template(messages[:-1]), add_special_tokens=False))
-        assert prompts[-1] - text_only <= 5 * 6 + 2 * 4 < 12 * 6, (prompts, text_only)
+        # 3 placeholders a frame here (6 a piece of two): at most the window, a rebase's stride and the
+        # frames in flight (a rebase waits for the last to take effect): 10 frames, of the 24 streamed.
+        assert max(in_context) <= 3 * (4 + 2 + 4) < 3 * 24, in_context
+        assert stats.num_frames_trimmed >= 24 - 10
+
+
+async def test_text_typed_between_frames_during_an_answer_keeps_its_place_in_the_next_message(model_dir, listener):
+    first, before, after = light_clip(STATES[:4]), light_clip(STATES[4:6]), light_clip(STATES[6:8])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, first)
+        await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                            "content": [{"type": "input_text", "text": FLASHES_QUESTION}]})
+        await client.send("response.create", response={"max_output_tokens": 200})
+        started = await client.until("response.output_text.delta")
+        await stream(client, before, start_ms=2000)  # all while the answer is on its way
+        await client.send("input_text_buffer.append", delta="And then:")
+        await stream(client, after, start_ms=3000)
+        done = started + await client.until("response.done")
+        assert done[-1]["response"]["usage"]["output_tokens"] > 20  # long enough for the frames and text to come
+        events = await ask(client, LAST_DIGIT_QUESTION)
+        created = next(e for e in events if e["type"] == "conversation.item.created")
+        assert [(p["type"], p.get("text")) for p in created["item"]["content"]] == [
+            ("input_video", None), ("input_text", "And then:"), ("input_video", None),
+            ("input_text", LAST_DIGIT_QUESTION)]
+        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": FLASHES_QUESTION}]},
+                    {"role": "assistant", "content": text_of(done)},
+                    {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "And then:"},
+                                                 {"type": "video"}, {"type": "text", "text": LAST_DIGIT_QUESTION}]}]
+        assert text_of(events) == await messages_answer(server, messages, [first, before, after])
+
+
+async def test_frames_then_a_commit_during_an_answer_form_the_next_message(model_dir, listener):
+    first, during = light_clip(STATES[:4]), light_clip(STATES[4:8])
+    async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
+        await greedy(client)
+        await stream(client, first)
+        await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                            "content": [{"type": "input_text", "text": FLASHES_QUESTION}]})
+        await client.send("response.create", response={"max_output_tokens": 200})
+        started = await client.until("response.output_text.delta")
+        await stream(client, during, start_ms=2000)
+        await client.send("input_text_buffer.append", delta=LAST_DIGIT_QUESTION)
+        await client.send("input_text_buffer.commit")
+        done = started + await client.until("response.done")
+        committed = await client.until("conversation.item.created")  # once the answer is over
+        assert [p["type"] for p in committed[-1]["item"]["content"]] == ["input_video", "input_text"]
+        events = await client.respond()
+        history = [([first], FLASHES_QUESTION), text_of(done), ([during], LAST_DIGIT_QUESTION)]
+        assert text_of(events) == await chat_answer(server, history)

@@ -264,7 +264,8 @@ class RealtimeConnection:
         if not text:
             return
         if self.state is State.RESPONDING:
-            self._pending.append(text)
+            if not self.video.behind_frames(text):  # after frames waiting for the next message: behind them
+                self._pending.append(text)
             return
         if self.state is State.COMMITTED:
             self.drop_input()
@@ -336,6 +337,8 @@ class RealtimeConnection:
 
     def commit_text(self, options: ResponseOptions | None = None) -> None:
         """The streamed words become a user message (after the response in flight, if one is)."""
+        if self.state is State.RESPONDING and self.video.behind_frames("", commit=True):
+            return
         if self.state is State.RESPONDING and self._pending:
             self._pending_commit = True
             return

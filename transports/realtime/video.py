@@ -36,7 +36,7 @@ from rill.transports.realtime.events import (
 )
 from rill.transports.realtime.state import State
 from rill.transports.realtime.video_events import InputVideoFrameDropped
-from rill.transports.realtime.video_link import FrameRefused, FramesDropped, ImagesDecoded, VideoDrained
+from rill.transports.realtime.video_link import FrameRefused, FramesDropped, ImagesDecoded, TextInOrder, VideoDrained
 
 # What waits behind frames not yet in the prompt: everything that adds to it or ends the message.
 PROMPT_EVENTS = (InputTextBufferAppend, InputTextBufferCommit, ConversationItemCreate, ResponseCreate,
@@ -98,6 +98,38 @@ class VideoInput:
                 self.conn.emit(InputVideoFrameDropped(num_frames_dropped=event.num_frames_dropped))
             case ImagesDecoded():
                 self._images_decoded(event)
+            case TextInOrder():
+                self._text_in_order(event)
+
+    # -- text during an answer, behind frames that wait for the next message -------------------------------------
+
+    def behind_frames(self, text: str, commit: bool = False) -> bool:
+        """During an answer, frames wait (the feed is paused) for the next message. Text (or a commit) sent
+        after them goes behind them in the feed, so that message keeps the order they came in; text sent
+        before any frame waits in the connection as usual (it opens the next message, frames follow)."""
+        feed = self.feed
+        if feed is None or not feed.paused or not (len(feed.inbox) or feed.has_frames):
+            return False
+
+        def step() -> None:  # in the feed's task, the frames before it in the prompt and their video closed
+            feed.pause()
+            self._num_holds += 1  # events wait until the text is in (or a response.create would pass it)
+            self.link.post(TextInOrder(text, commit))
+
+        feed.put_step(step)
+        return True
+
+    def _text_in_order(self, event: TextInOrder) -> None:
+        conn = self.conn
+        try:
+            if event.text:
+                conn.append_text(event.text)
+            if event.commit:
+                conn.commit_text()
+        finally:
+            if self.turn is not None and self.turn is conn.turn:
+                self.feed.resume()
+            self._release()
 
     # -- frames ----------------------------------------------------------------------------------------------------
 
@@ -150,7 +182,9 @@ class VideoInput:
             self.feed.pause()
 
     def after_response(self) -> None:
-        if self.feed is not None and self.feed.has_frames and self.conn.state in (State.IDLE, State.STREAMING):
+        feed = self.feed
+        if feed is not None and (feed.has_frames or len(feed.inbox)) and self.conn.state in (State.IDLE,
+                                                                                             State.STREAMING):
             self._place()
 
     # -- turns -----------------------------------------------------------------------------------------------------

@@ -39,7 +39,15 @@ class ImagesDecoded(msgspec.Struct, frozen=True):
     param: str | None = None
 
 
-VIDEO_EVENTS = (FrameRefused, FramesDropped, VideoDrained, ImagesDecoded)
+class TextInOrder(msgspec.Struct, frozen=True):
+    """Text (or a commit) sent during an answer after frames that wait for the next message: the feed
+    has put those frames in and stopped; the text goes in now, then the feed goes on (VideoInput)."""
+
+    text: str
+    commit: bool = False
+
+
+VIDEO_EVENTS = (FrameRefused, FramesDropped, VideoDrained, ImagesDecoded, TextInOrder)
 
 
 class VideoLink:
