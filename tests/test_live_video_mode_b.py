@@ -231,7 +231,9 @@ async def test_mode_a_client_gone_mid_stream_frees_everything(model_dir):
     import json
 
     frames = light_clip([True, False] * 6)
-    async with running_server(model_dir) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+    # Room for every frame: with the default two waiting, a busy machine drops some and 8 never go in.
+    async with running_server(model_dir, live(max_waiting_frames=64)) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         sent = trio.Event()
 
         async def body():
