@@ -16,7 +16,8 @@ The open user message is the connection's STREAMING turn: its context (rill.live
 conversation rendered so far, pictures and earlier videos placed, and the message's own text and video.
 Frames wait while no turn takes them (a response generates, or a message is committed and unanswered)
 and open the next turn after it. Events that change the prompt (text, commits, items, response.create,
-recognised words) wait behind frames not yet in it, so every input keeps its place (`holds`).
+recognised words) wait behind frames not yet in it, so every input keeps its place (`holds`); text sent
+during an answer after frames that wait for the next message goes behind them in the feed (`behind_frames`).
 """
 
 from __future__ import annotations
