@@ -158,6 +158,27 @@ def test_training_writes_a_directory_transformers_loads(smoke_dir):
     assert (smoke_dir / "video_preprocessor_config.json").is_file()
 
 
+def test_a_second_phase_starts_from_the_earlier_runs_weights(smoke_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    args = ["--out", str(tmp_path / "phase2"), "--steps", "1", "--batch-size", "2", "--lr", "0", "--warmup", "1",
+            "--threads", "1", "--init-from", str(smoke_dir)]
+    for name, value in SMOKE_SHAPE.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    assert recipe.main(args) == 0
+    before, after = load_file(smoke_dir / "model.safetensors"), load_file(tmp_path / "phase2" / "model.safetensors")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)  # lr 0
+    assert json.loads((tmp_path / "phase2" / "training_run.json").read_text())["init_from"] == str(smoke_dir)
+
+
+def test_a_second_phase_refuses_another_seeds_run(smoke_dir, tmp_path):
+    args = ["--out", str(tmp_path / "phase2"), "--seed", "1", "--steps", "1", "--init-from", str(smoke_dir)]
+    for name, value in SMOKE_SHAPE.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    with pytest.raises(SystemExit, match="tokenizer is not this seed's"):
+        recipe.main(args)
+
+
 @pytest.fixture(scope="module")
 def spread_dir(smoke_dir, tmp_path_factory):
     """The smoke run's directory with its weights spread, so that greedy output varies."""

@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "blow up, std ~50, and the model answer from priors alone)")
     p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
+    p.add_argument("--init-from", type=Path, default=None, help="start from this model directory's weights (an "
+                   "earlier run or checkpoint of the same seed and shape) instead of random ones: a second phase")
     p.add_argument("--workers", type=int, default=1, help="drawing worker processes")
     p.add_argument("--threads", type=int, default=None, help="torch threads (1 holds up best on a shared CPU)")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = tok.special_ids(tokenizer)
     config = shapes.qwen2vl_config(shape, tokenizer.get_vocab_size(), ids)
     model = Qwen2VLForConditionalGeneration(config).to(args.device)
+    if args.init_from is not None:
+        load_phase(model, tokenizer, args.init_from)
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params / 1e6:.2f}M parameters, {shape} on {args.device}; vocab {tokenizer.get_vocab_size()}")
     stream = dataset.Stream(args.seed, args.batch_size, tokenizer, shape, args.workers)
@@ -158,10 +162,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def load_phase(model: Qwen2VLForConditionalGeneration, tokenizer, directory: Path) -> None:
+    """Weights of an earlier run of the same recipe: its tokenizer must be this one (the seed decides it)
+    and its shape this one (load_state_dict checks every tensor's size)."""
+    from tokenizers import Tokenizer
+
+    if Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab() != tokenizer.get_vocab():
+        raise SystemExit(f"{directory}: its tokenizer is not this seed's; --init-from takes a run of the same recipe")
+    earlier = Qwen2VLForConditionalGeneration.from_pretrained(directory, torch_dtype=torch.float32)
+    model.load_state_dict(earlier.state_dict())
+
+
 def run_record(args, shape: shapes.Shape, num_params: int, losses: list[float], train_s: float) -> dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return {
-        "seed": args.seed, "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size,
+        "seed": args.seed, "init_from": str(args.init_from) if args.init_from else None,
+        "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "warmup": args.warmup, "examples_seen": args.steps * args.batch_size, "shape": vars(shape),
         "num_params": num_params, "device": device_name, "workers": args.workers,
         "train_s": round(train_s, 1), "ms_per_step": round(train_s / args.steps * 1000, 1),
