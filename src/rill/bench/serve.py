@@ -27,11 +27,13 @@ DEFAULT_VOCAB = 256  # prompt ids are drawn below this: ids every byte-level voc
 def add_arguments(p) -> None:
     add_common_args(p, NAME)
     p.add_argument("--base-url", "--url", dest="url", default=None,
-                   help="a running OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000 (default: start rill here)")
+                   help="a running OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8000 "
+                        "(default: start rill here)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--model", default=None,
                    help="with no --base-url: random-small | random-100m | random-qwen2-100m | rill-tiny | PATH "
-                        "(default random-small); with --base-url the served model's name (default: the first of /v1/models)")
+                        "(default random-small); with --base-url the served model's name "
+                        "(default: the first of /v1/models)")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts (default 1,4,16,64)")
     p.add_argument("--requests-per-client", type=int, default=4, help="requests each client sends per level")
     p.add_argument("--prompt-tokens", type=int, default=128)
@@ -76,7 +78,8 @@ async def run_level(url: str, headers: dict, model: str, concurrency: int, args,
     import trio
 
     rng = random.Random(args.seed + concurrency)
-    bodies = [[_body(args, model, rng, vocab_size) for _ in range(args.requests_per_client)] for _ in range(concurrency)]
+    bodies = [[_body(args, model, rng, vocab_size) for _ in range(args.requests_per_client)]
+              for _ in range(concurrency)]
     results: list[dict] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
