@@ -54,6 +54,8 @@ async def test_frames_then_a_spoken_question_answer_as_the_clip_and_transcript(m
         events = await client.until("conversation.item.input_audio_transcription.completed")
         transcript = events[-1]["transcript"]
         assert events[-1]["content_index"] == 1  # the audio part follows the video part
+        deltas = of_type(events, "conversation.item.input_audio_transcription.delta")
+        assert deltas and {d["content_index"] for d in deltas} == {1}  # the deltas say so too
         (created,) = [e for e in of_type(events, "conversation.item.created") if e["item"]["role"] == "user"]
         assert [p["type"] for p in created["item"]["content"]] == ["input_video", "input_audio"]
         assert of_type(events, "input_audio_buffer.committed")

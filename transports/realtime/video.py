@@ -293,6 +293,12 @@ class VideoInput:
         return [m for item in self.conn.conversation.items for m in self.media.get(item.id, ())
                 if not (isinstance(m, Video) and not m.pieces)]
 
+    def audio_index(self) -> int:
+        """Where the audio part of the message being spoken will stand (user_item puts it where the words
+        began): after the live video parts that came before the first words, 0 without video."""
+        parts = self.turn.parts if self.turn is not None else ()
+        return next((k for k, part in enumerate(parts) if not isinstance(part, Video)), len(parts))
+
     def user_item(self, turn, spoken: Item | None = None) -> Item | None:
         """The committed message, when it holds video: its parts in the order they came. `spoken`: the
         message was said (an input_audio item, its transcript the turn's text): its audio part stands where

@@ -194,7 +194,8 @@ class VoiceInput:
 
     def _delta(self, text: str) -> None:
         item_id = self._item()
-        self.conn.emit(InputTranscriptionDelta(item_id=item_id, delta=text))
+        index = self.conn.video.audio_index()  # after the live video the words follow, as the committed item has it
+        self.conn.emit(InputTranscriptionDelta(item_id=item_id, delta=text, content_index=index))
         self.conn.emit(TranscriptionDelta(delta=text))
         if not self._transcribing_only:
             if self.conn.state is State.COMMITTED:
