@@ -10,7 +10,6 @@ alone, not on the number of workers.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +18,7 @@ from tokenizers import Tokenizer
 from rill.tiny import corpus, splits
 from rill.tiny.template import ASSISTANT_HEADER, render_parts
 from rill.tiny.tokenizer_train import ENDOFTEXT
+from rill.tiny.workers import process_pool
 
 CONVERSATIONS_PER_SHARD = 4096
 SYSTEM_HEADER = "<|im_start|>system\n"
@@ -111,7 +111,7 @@ def build_rows(tokenizer: Tokenizer, seed: int, num_rows: int, seq_len: int, wor
     workers = workers or max(1, (os.cpu_count() or 2) - 1)
     tokenizer_json = tokenizer.to_str()
     shards: list[Rows] = []
-    with ProcessPoolExecutor(workers) as pool:
+    with process_pool(workers) as pool:
         while sum(map(len, shards)) < num_rows:
             missing = num_rows - sum(map(len, shards))
             per_shard = len(shards[0]) if shards else CONVERSATIONS_PER_SHARD // 3

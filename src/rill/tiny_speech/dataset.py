@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from rill.tiny import splits
+from rill.tiny.workers import process_pool
 from rill.tiny_speech import synth, transcripts, voices
 
 SHARD_SIZE = 128
@@ -102,7 +102,7 @@ def build(seed: int, split: str, num_clips: int, max_samples: int, *, workers: i
     num_shards = -(-num_clips // SHARD_SIZE)
     workers = workers or max(1, os.cpu_count() or 1)
     args = [(folder, seed, split, i, max_samples, maker) for i in range(num_shards)]
-    with ProcessPoolExecutor(workers) as pool:
+    with process_pool(workers) as pool:
         futures = [pool.submit(load_or_make_shard, *a) for a in args]
         shards = [f.result() for f in tqdm(futures, desc=desc or f"synthesize {split}", unit="shard", mininterval=2.0)]
     return concat(shards).take(num_clips)

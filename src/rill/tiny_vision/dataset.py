@@ -12,7 +12,6 @@ a few steps ahead of the optimizer (bounded, so memory stays flat).
 from __future__ import annotations
 
 import collections
-import multiprocessing
 import random
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from rill.tiny.workers import context as workers_context
 from rill.tiny_vision import model as shapes
 from rill.tiny_vision import tasks
 from rill.tiny_vision import tokenizer as tok
@@ -96,7 +96,7 @@ class Stream:
 
     def __init__(self, seed: int, batch_size: int, tokenizer: Tokenizer, shape: shapes.Shape, workers: int):
         self.batch_size = batch_size
-        self.pool = multiprocessing.get_context("fork").Pool(
+        self.pool = workers_context().Pool(
             max(1, workers), initializer=_init, initargs=(tokenizer.to_str(), shape, seed))
         self.pending: collections.deque = collections.deque()
         self.next_step = 0
