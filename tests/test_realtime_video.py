@@ -56,9 +56,14 @@ async def stream(client, frames, start_ms: int = 0) -> list[str]:
             for i, f in enumerate(frames)]
 
 
-async def ask(client, question: str) -> list[dict]:
+async def put_question(client, question: str) -> None:
+    """A user text message, not waited for: with frames streaming into the open message it joins it."""
     await client.send("conversation.item.create", item={"type": "message", "role": "user",
                                                         "content": [{"type": "input_text", "text": question}]})
+
+
+async def ask(client, question: str) -> list[dict]:
+    await put_question(client, question)
     return await client.respond()
 
 
@@ -260,8 +265,7 @@ async def test_frames_sent_during_an_answer_wait_and_form_the_next_message(model
     async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
         await greedy(client)
         await stream(client, first)
-        await client.send("conversation.item.create", item={"type": "message", "role": "user",
-                                                            "content": [{"type": "input_text", "text": FLASHES_QUESTION}]})
+        await put_question(client, FLASHES_QUESTION)
         await client.send("response.create", response={"max_output_tokens": 48})
         started = await client.until("response.output_text.delta")
         await stream(client, second, start_ms=2000)  # while the first answer is on its way
@@ -383,8 +387,7 @@ async def test_text_typed_between_frames_during_an_answer_keeps_its_place_in_the
     async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
         await greedy(client)
         await stream(client, first)
-        await client.send("conversation.item.create", item={"type": "message", "role": "user",
-                                                            "content": [{"type": "input_text", "text": FLASHES_QUESTION}]})
+        await put_question(client, FLASHES_QUESTION)
         await client.send("response.create", response={"max_output_tokens": 200})
         started = await client.until("response.output_text.delta")
         await stream(client, before, start_ms=2000)  # all while the answer is on its way
@@ -409,8 +412,7 @@ async def test_frames_then_a_commit_during_an_answer_form_the_next_message(model
     async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
         await greedy(client)
         await stream(client, first)
-        await client.send("conversation.item.create", item={"type": "message", "role": "user",
-                                                            "content": [{"type": "input_text", "text": FLASHES_QUESTION}]})
+        await put_question(client, FLASHES_QUESTION)
         await client.send("response.create", response={"max_output_tokens": 200})
         started = await client.until("response.output_text.delta")
         await stream(client, during, start_ms=2000)
