@@ -33,6 +33,24 @@ def test_append_allocates_ceil_blocks_and_free_returns_them():
     bm.check_invariants()
 
 
+def test_peak_used_blocks_is_a_high_water_mark_that_counts_revived_cached_blocks():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(range(9), rid="a")
+    compute_all(bm, a)
+    b = make_seq(range(100, 105), rid="b")
+    compute_all(bm, b)
+    assert bm.peak_used_blocks == 5
+    bm.free(a)
+    bm.free(b)
+    assert bm.num_used_blocks == 0 and bm.reset_peak() == 5 and bm.peak_used_blocks == 0
+    c = make_seq(range(9), rid="c")  # its first two blocks come back from the prefix cache (shared, not taken)
+    compute_all(bm, c)
+    assert c.num_cached_tokens == 8 and bm.peak_used_blocks == 3 == bm.num_used_blocks
+    assert bm.reset_peak() == 3 and bm.peak_used_blocks == 3  # the mark restarts at what is in use
+    bm.free(c)
+    bm.check_invariants()
+
+
 def test_can_append_is_false_at_the_limit_and_true_just_under():
     bm = BlockManager(num_blocks=2, block_size=4)
     seq = make_seq(range(8))

@@ -34,17 +34,22 @@ async def run_stream(model_dir, minutes: float) -> None:
     config = ServerConfig(realtime=RealtimeConfig(ws_port=0, ping_interval_s=None), live_video=live)
     async with running_server(model_dir, config) as server:
         stats, bm = server.serving.live_video, server.engine.core.block_manager
-        used, tokens = [], []  # after each frame: KV blocks in use, the live session's tokens
+        tokens = []  # after each frame: the live session's tokens
+        block_peaks = []  # per simulated minute: the high-water mark of KV blocks in use, every step counted
+        per_minute = 60 * FPS
         async with connect(server, "raw") as client:
             await client.update(temperature=0, max_response_output_tokens=4)
             with trio.fail_after(60 + minutes * 60):
+                bm.reset_peak()
                 for i in range(num_frames):
+                    if i and i % per_minute == 0:
+                        block_peaks.append(bm.reset_peak())
                     await client.send("input_video_frame.append", image=payloads[i % len(payloads)],
                                       timestamp_ms=1000 * i // FPS)
                     await wait_for(lambda: stats.num_frames_appended >= i + 1 - AHEAD, seconds=30, poll_s=0.002)
-                    used.append(bm.num_used_blocks)
                     tokens.append(max((s.num_tokens for seqs in server.engine.core.requests.values() for s in seqs),
                                       default=0))
+                block_peaks.append(bm.reset_peak())
             await client.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": FLASHES_QUESTION}]})
             events = await client.respond()
@@ -53,19 +58,22 @@ async def run_stream(model_dir, minutes: float) -> None:
         assert stats.num_frames_appended == num_frames and stats.num_frames_dropped == 0
         assert stats.num_rebases >= (num_frames - MAX_FRAMES) // REBASE_FRAMES - 2
         assert server.engine.stats.num_rebased >= stats.num_rebases - 1
-        # Flat: no more KV in use late in the stream than within its first minute, and the last prompt
-        # holds a window of frames, not the stream (a frame of 84x56 is 3 tokens here: 2 frames a piece of 6).
-        # Flat: per simulated minute, the peak of KV blocks in use (a rebase's shadow prefill beside the live
-        # session included) and of the session's tokens is no higher than in the first minute, one block
-        # of slack for where block boundaries fall; the whole stream unwindowed would need ~8x the blocks.
-        per_minute = 60 * FPS
-        block_peaks = [max(used[i:i + per_minute]) for i in range(0, num_frames, per_minute)]
+        # Flat: per simulated minute, the high-water mark of KV blocks in use (a rebase's shadow prefill
+        # beside the live session included: every minute holds several rebases, so every minute's mark
+        # counts one) and the peak of the session's tokens are no higher than in the first minute, with
+        # slack for where block boundaries and the frames ahead fall; the last prompt holds a window of
+        # frames, not the stream (a frame of 84x56 is 3 tokens here: 2 frames a piece of 6); the whole
+        # stream unwindowed would need ~8x the blocks. Sampling blocks in use after each frame instead
+        # missed the shadow in some minutes and not in others (CI: [7, 11, 7, 11, 7]).
         token_peaks = [max(tokens[i:i + per_minute]) for i in range(0, num_frames, per_minute)]
         print(f"{num_frames} frames, {stats.num_rebases} rebases, last prompt {window_tokens} tokens; per minute: "
               f"peak KV blocks {block_peaks}, peak session tokens {token_peaks}")
-        assert max(block_peaks) <= block_peaks[0] + 1, block_peaks
+        assert len(block_peaks) == -(-num_frames // per_minute)
+        assert max(block_peaks) <= block_peaks[0] + 2, block_peaks
+        live_blocks = -(-max(tokens) // bm.block_size)
+        assert max(block_peaks) <= 2 * live_blocks + 2, (block_peaks, live_blocks)  # live session + shadow
         assert max(token_peaks) <= token_peaks[0] + 3 * AHEAD, token_peaks
-        assert max(used) * bm.block_size * 8 < 3 * num_frames
+        assert max(block_peaks) * bm.block_size * 8 < 3 * num_frames
         assert window_tokens < 3 * (MAX_FRAMES + REBASE_FRAMES + AHEAD) + 200 < 3 * num_frames
         await wait_for(lambda: server.all_kv_free and not server.engine.core.requests, seconds=10)
         await wait_for(lambda: hub(server).num_connections == 0 and stats.num_open_feeds == 0)

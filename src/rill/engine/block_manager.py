@@ -50,6 +50,7 @@ class BlockManager:
         self.cached: list[dict[int, int]] = [{} for _ in self.group_windows]  # per group: chain hash -> block id
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        self.peak_used_blocks = 0  # high-water mark of num_used_blocks since the last reset_peak()
 
     @property
     def num_blocks(self) -> int:
@@ -62,6 +63,11 @@ class BlockManager:
     @property
     def num_used_blocks(self) -> int:
         return len(self.blocks) - len(self.free_ids)
+
+    def reset_peak(self) -> int:
+        """The high-water mark of blocks in use since the last reset; the mark restarts at what is in use now."""
+        peak, self.peak_used_blocks = self.peak_used_blocks, self.num_used_blocks
+        return peak
 
     @property
     def usage(self) -> float:
@@ -76,6 +82,7 @@ class BlockManager:
         if block.hash is not None and self.cached[block.group].get(block.hash) == block_id:
             del self.cached[block.group][block.hash]  # evict: its contents are about to be overwritten
         block.hash, block.token_ids, block.ref_count = None, (), 1
+        self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         return block_id
 
     def _release(self, block_id: int) -> None:
@@ -89,6 +96,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             del self.free_ids[block_id]
+            self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         block.ref_count += 1
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
