@@ -75,7 +75,7 @@ class SpeechServing:
             return []
         runtime = self.engine.core.runtime
         return [ModelCard(name, self.created, runtime.config.max_target_positions, root=str(runtime.path),
-                          task="transcription") for name in self.model_names]
+                          task="transcription", input_modalities=["audio"]) for name in self.model_names]
 
     def model_card(self, name: str) -> ModelCard | None:
         return next((card for card in self.model_cards() if card.id == name), None)

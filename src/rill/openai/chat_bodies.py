@@ -168,6 +168,9 @@ class ModelCard(msgspec.Struct):
     owned_by: str = "rill"
     root: str | None = None
     task: str = "generate"  # vLLM's name for what a model does: "generate", or "transcription" for speech
+    # rill's: what the model reads ("text", "image", "video"; "audio" for speech), so that a client (the web
+    # page's camera button) can tell per card; the words of OpenRouter's architecture.input_modalities
+    input_modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
 
 
 class ModelList(msgspec.Struct):

@@ -103,7 +103,15 @@ class Serving:
     def model_cards(self) -> list[ModelCard]:
         """GET /v1/models: one card per served name, each rooted at the model the engine loaded."""
         root = self.engine.core.config.model
-        return [ModelCard(name, self.created, self.max_model_len, root=root) for name in self.model_names]
+        return [ModelCard(name, self.created, self.max_model_len, root=root,
+                          input_modalities=self.input_modalities()) for name in self.model_names]
+
+    def input_modalities(self) -> list[str]:
+        """What the model reads: text; images with a processor (mm_inputs); video when that processor
+        has a video config, the test rill.live_video.framing makes before it takes frames."""
+        if self.mm_inputs is None:
+            return ["text"]
+        return ["text", "image", "video"] if hasattr(self.mm_inputs, "video_cfg") else ["text", "image"]
 
     def model_card(self, name: str) -> ModelCard:
         """GET /v1/models/{model}: the card as the list shows it; 404 model_not_found otherwise."""
