@@ -1,6 +1,7 @@
 // The page: wires the message box, the settings, the conversation and the live panel together.
 
 import { Unauthorized, getJSON, setApiKey } from "./api.js";
+import { Camera } from "./camera.js";
 import { chatBody, streamChat } from "./chat.js";
 import { Conversation } from "./conversation.js";
 import { startMetrics } from "./metrics.js";
@@ -12,6 +13,7 @@ const conversation = new Conversation($("log"));
 const typeAhead = new TypeAhead(showTypeAheadStatus);
 let version = 0;  // bumped when the conversation changes: a type-ahead socket replays the old one
 let busy = null;  // {stop} while an answer streams
+const modelCards = new Map();  // id -> its /v1/models card (input_modalities says whether it reads video)
 const voice = new Voice({
   context: () => typeAheadContext(sessionSettings()),
   conversation,
@@ -20,6 +22,23 @@ const voice = new Voice({
   onEnd: () => {
     $("mic").setAttribute("aria-pressed", "false");
     $("mic").textContent = "Microphone";
+  },
+});
+const camera = new Camera({
+  context: () => typeAheadContext(sessionSettings()),
+  onStatus: (text, isError) => {
+    $("camera-status").textContent = text;
+    $("camera-status").classList.toggle("error", isError);
+  },
+  onCounts: ({ numSent, numDropped, numSkipped }) => {
+    const counts = $("camera-counts");
+    counts.textContent = `${numSent} frames sent · ${numDropped} dropped by the server · ${numSkipped} skipped here`;
+    Object.assign(counts.dataset, { sent: numSent, dropped: numDropped, skipped: numSkipped });
+  },
+  onEnd: () => {
+    $("camera").setAttribute("aria-pressed", "false");
+    $("camera-panel").hidden = true;
+    syncTypeAhead();
   },
 });
 
@@ -59,7 +78,7 @@ function typeAheadContext(s) {
 }
 
 function syncTypeAhead() {
-  if (busy || !$("typeahead").checked) return;
+  if (busy || camera.active || !$("typeahead").checked) return;  // with the camera on, questions go on its socket
   typeAhead.update($("prompt").value, typeAheadContext(sessionSettings()));
 }
 
@@ -83,14 +102,17 @@ async function send(event) {
   const startedAt = performance.now();
   if (document.activeElement === $("send")) $("prompt").focus();  // Send is disabled while answering
   const viaRealtime = $("typeahead").checked;
+  const viaCamera = camera.active;
   const context = typeAheadContext(s);  // the conversation before this message, as typed against
   conversation.addUser(text);
   version += 1;
   $("prompt").value = "";
-  const view = conversation.startAnswer(startedAt, viaRealtime ? "realtime, type-ahead" : "SSE");
+  const via = viaCamera ? "realtime, camera" : viaRealtime ? "realtime, type-ahead" : "SSE";
+  const view = conversation.startAnswer(startedAt, via);
   setBusy({ stop: () => {} });
   try {
-    view.finish(viaRealtime ? await answerRealtime(text, context, s, view) : await answerSSE(s, view));
+    view.finish(viaCamera ? await answerCamera(text, s, view)
+      : viaRealtime ? await answerRealtime(text, context, s, view) : await answerSSE(s, view));
     announce("Answer complete.");
   } catch (error) {
     if (error.name === "AbortError") {
@@ -122,6 +144,12 @@ async function answerRealtime(text, context, s, view) {
   }
 }
 
+/** A question about what the camera shows, on the camera's socket: it sees the frames sent so far. */
+function answerCamera(text, s, view) {
+  busy.stop = () => camera.cancel();
+  return camera.ask(text, view, s);
+}
+
 function answerSSE(s, view) {
   const controller = new AbortController();
   busy.stop = () => controller.abort();
@@ -137,6 +165,7 @@ async function toggleMic() {
   }
   if (busy) return;
   typeAhead.close();
+  if (camera.active) camera.stop();  // one live session at a time
   $("mic").setAttribute("aria-pressed", "true");
   $("mic").textContent = "Stop listening";
   try {
@@ -144,6 +173,39 @@ async function toggleMic() {
   } catch (error) {
     voice.stop();
     $("voice-status").textContent = `Microphone: ${error.message}`;
+  }
+}
+
+/** The camera button: live video over /v1/realtime for a model that reads video, until pressed again. */
+async function toggleCamera() {
+  if (camera.active) {
+    camera.stop("Camera off.");
+    return;
+  }
+  if (busy || $("camera").dataset.starting) return;
+  typeAhead.close();
+  if (voice.active) voice.stop();  // one live session at a time
+  $("camera").setAttribute("aria-pressed", "true");
+  $("camera").dataset.starting = "1";
+  $("camera-panel").hidden = false;
+  try {
+    await camera.start($("camera-preview"), Number($("camera-fps").value));
+  } catch (error) {
+    camera.stop(`Camera: ${error.message}`, true);
+  } finally {
+    delete $("camera").dataset.starting;
+  }
+}
+
+/** Show the camera button for a model whose card says it reads video; another model turns the camera off. */
+function showCamera() {
+  const reads = modelCards.get($("model").value)?.input_modalities ?? [];
+  const button = $("camera");
+  button.hidden = !reads.includes("video");
+  if (button.hidden && camera.active) camera.stop("Camera off: the model picked does not read video.", true);
+  if (!button.hidden && !navigator.mediaDevices?.getUserMedia) {
+    button.disabled = true;
+    $("camera-status").textContent = "This browser cannot capture video here (it needs https or localhost).";
   }
 }
 
@@ -180,6 +242,7 @@ function announce(text) {
 function newChat() {
   stop();
   if (voice.active) voice.stop();
+  if (camera.active) camera.stop("Camera off: a new chat.");
   conversation.clear();
   version += 1;
   typeAhead.close();
@@ -217,6 +280,9 @@ async function loadModels(refused = false) {
     const select = $("model");
     const chat = data.filter((card) => card.task !== "transcription");  // the speech model hears, it does not chat
     select.replaceChildren(...chat.map((card) => new Option(card.id, card.id)));
+    modelCards.clear();
+    chat.forEach((card) => modelCards.set(card.id, card));
+    showCamera();
   } catch (error) {
     if (!(error instanceof Unauthorized)) {
       showTypeAheadStatus(`Could not list the models: ${error.message}`, 0);
@@ -239,6 +305,9 @@ function main() {
   $("stop").addEventListener("click", stop);
   $("new-chat").addEventListener("click", newChat);
   $("mic").addEventListener("click", toggleMic);
+  $("camera").addEventListener("click", toggleCamera);
+  $("camera-fps").addEventListener("change", () => camera.setRate(Number($("camera-fps").value)));
+  $("model").addEventListener("change", showCamera);
   if (!navigator.mediaDevices?.getUserMedia || !window.AudioWorkletNode) {
     $("mic").disabled = true;
     $("voice-status").textContent = "This browser cannot capture audio here (it needs https or localhost).";
