@@ -22,11 +22,15 @@ _FUSED = {
 
 
 def resolve_model_dir(model: str | Path) -> Path:
-    """`rill-tiny` names the embedded model; anything else is a local directory."""
+    """`rill-tiny` (and `rill-tiny-vision`) name the embedded models; anything else is a local directory."""
     if str(model) == "rill-tiny":
         from rill.assets import RILL_TINY_DIR
 
         return RILL_TINY_DIR
+    if str(model) == "rill-tiny-vision":  # shipped beside rill-tiny when a build has it
+        from rill.assets import tiny_vision_dir
+
+        model = tiny_vision_dir()
     path = Path(model).expanduser()
     if not path.is_dir():
         raise ModelLoadError(f"model directory {str(model)!r} does not exist (rill loads local directories only)")
