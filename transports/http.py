@@ -39,7 +39,8 @@ from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
 from rill.openai.responses_api.config import ResponsesConfig
 from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
-from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
+from rill.openai.served_models import ServedModels, requested_model
+from rill.openai.serving import RequestTrace, Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.scaling.replica import id_prefix
 from rill.sessions import SessionManager, StreamingInputConfig
@@ -115,8 +116,10 @@ class ServerConfig:
             replica_id=env("RILL_REPLICA_ID") or None,
         )
 
-    def serving_options(self) -> ServingOptions:
-        return ServingOptions(self.served_model_names, self.tool_call_parser, self.reasoning_parser,
+    def serving_options(self, served_model_names: list[str] | None = None) -> ServingOptions:
+        """Options of a Serving: served under `served_model_names` (one of several models), else the server's."""
+        names = self.served_model_names if served_model_names is None else served_model_names
+        return ServingOptions(names, self.tool_call_parser, self.reasoning_parser,
                               self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""),
                               self.live_video)
 
@@ -126,12 +129,12 @@ def _parser_option(value: str) -> str | None:
 
 
 class AppState:
-    """The engine-facing parts of one app; `serving` is set once the engine runs."""
+    """The engine-facing parts of one app; `models` (rill.openai.served_models) is set once the engines run."""
 
-    def __init__(self, server: ServerConfig):
+    def __init__(self, server: ServerConfig, num_models: int = 1):
         self.server = server
-        self.metrics = Metrics()
-        self.serving: Serving | None = None
+        self.metrics = Metrics(label_models=num_models > 1)  # several models: series labelled model_name
+        self.models: ServedModels | None = None
         self.speech = None  # rill.transports.audio_http.SpeechServing, set by create_app
         self.responses = None  # rill.openai.responses_api.background.Responses, set by create_app
         self._stop = trio.Event()
@@ -141,10 +144,27 @@ class AppState:
         self.metrics.attach_sessions(self.sessions)
         self.open_paths = OPEN_PATHS  # routes that need no API key; the web page's files join them
 
+    @property
+    def serving(self) -> Serving | None:
+        """The default model's Serving (the only one, unless rill serve --model was given several times)."""
+        return None if self.models is None else self.models.default
+
+    def serving_for(self, name: str | None) -> Serving:
+        """The Serving a request naming `name` runs on (rill.openai.served_models.ServedModels.route)."""
+        return self.models.route(name)
+
     def attach(self, engine) -> None:
-        self.metrics.attach(engine)
-        self.serving = Serving(engine, self.server.serving_options(), on_done=self.metrics.on_request_done)
-        self.metrics.attach_live_video(self.serving.live_video)
+        self.attach_models([(None, engine)])
+
+    def attach_models(self, models: list[tuple[list[str] | None, object]]) -> None:
+        """(served names, engine) pairs, default first; names None: the server's --served-model-name."""
+        servings = []
+        for names, engine in models:
+            serving = Serving(engine, self.server.serving_options(names), on_done=self.metrics.on_request_done)
+            self.metrics.attach(engine, serving.model_names[0])
+            self.metrics.attach_live_video(serving.live_video, engine, serving.model_names[0])
+            servings.append(serving)
+        self.models = ServedModels(servings)
 
     async def run_engine(self, config: EngineConfig, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with open_engine(config) as engine:
@@ -157,13 +177,14 @@ class AppState:
 
 
 def create_app(config: EngineConfig | None = None, server: ServerConfig | None = None, *, engine=None,
-               speech=None) -> QuartTrio:
-    """The app. With `engine`, serve it; otherwise open one from `config` (default: RILL_MODEL or rill-tiny).
+               speech=None, models: list[tuple[list[str], object]] | None = None) -> QuartTrio:
+    """The app. With `engine`, serve it; with `models`, (served names, engine) pairs its caller runs, serve
+    each by name, the first by default; otherwise open one from `config` (default: RILL_MODEL or rill-tiny).
     `speech` (an AsyncSpeechEngine its caller runs) serves /v1/audio/transcriptions; None: 404 there."""
     app = QuartTrio("rill")
     app.asgi_app = keep_alive_safe(app.asgi_app)  # hypercorn's trio worker: see rill.transports.keepalive
     hypercorn_ws.install()  # keepalive that ends with the WebSocket and closes dead peers; no deflate
-    state = AppState(server or ServerConfig.from_env())
+    state = AppState(server or ServerConfig.from_env(), num_models=len(models or ()) or 1)
     # Streams last as long as generation does: no response timeout.
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None,
                       BODY_TIMEOUT=state.server.body_timeout_s)
@@ -171,7 +192,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     app.register_blueprint(api)
     if state.server.web_ui:
         state.open_paths = OPEN_PATHS | install_web(app)
-    hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.serving,
+    hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.models,
                            lambda: state.speech.engine if state.speech is not None else None)
     state.metrics.attach_realtime(hub)
     _install_streaming_input(app, state)
@@ -179,7 +200,9 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     _install_responses_store(app, state)
     _install_responses(app)
     app.register_error_handler(HTTPException, _http_error)
-    if engine is not None:
+    if models is not None:
+        state.attach_models(models)
+    elif engine is not None:
         state.attach(engine)
     else:
         config = config or EngineConfig(model=os.environ.get("RILL_MODEL", "rill-tiny"))
@@ -286,7 +309,9 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
     serving = _state().serving
     trace = serving.new_trace(endpoint, prefix)
     try:
-        job = prepare(serving, trace, await request.get_data())
+        body = await request.get_data()
+        serving, trace = _route(serving, trace, _state().models.route(requested_model(body)), prefix)
+        job = prepare(serving, trace, body)
         if getattr(job, "media", None) is not None:
             await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here
         if job.request.stream:
@@ -301,6 +326,16 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
         return _error(error)
     serving.finish(trace, 200)
     return _json(result)
+
+
+def _route(serving: Serving, trace: RequestTrace, named: Serving, prefix: str) -> tuple[Serving, RequestTrace]:
+    """The request runs on the model it names: a trace of that engine's (request ids are per engine),
+    counted from when the request came."""
+    if named is serving:
+        return serving, trace
+    routed = named.new_trace(trace.endpoint, prefix)
+    routed.start_s = trace.start_s
+    return named, routed
 
 
 def _as_api_error(exc: Exception) -> ApiError:
@@ -344,13 +379,13 @@ async def _mode_a(api_name: str) -> Response:
 
 @api.get("/v1/models")
 async def models() -> Response:
-    return _json(ModelList(_state().serving.model_cards() + _state().speech.model_cards()))
+    return _json(ModelList(_state().models.model_cards() + _state().speech.model_cards()))
 
 
 @api.get("/v1/models/<path:model>")  # path: a served name may be a directory, slashes and all
 async def model(model: str) -> Response:
     try:
-        return _json(_state().serving.model_card(model))
+        return _json(_state().models.model_card(model))
     except ApiError as exc:
         card = _state().speech.model_card(model)  # the speech model, when it is that one
         return _error(exc) if card is None else _json(card)
@@ -358,8 +393,9 @@ async def model(model: str) -> Response:
 
 @api.get("/health")
 async def health() -> Response:
-    serving = _state().serving
-    if serving is None or not serving.engine.is_alive:
+    models = _state().models
+    serving = None if models is None else models.first_dead()
+    if models is None or serving is not None:  # one engine down takes the server down (rill.server)
         dead = None if serving is None else serving.engine.dead
         return _error(ApiError(503, f"the engine is not running: {dead!r}", code="engine_dead"))
     return Response(b"", status=200)
@@ -375,6 +411,7 @@ async def tokenize() -> Response:
     serving = _state().serving
     try:
         req = decode_body(await request.get_data(), TokenizeRequest)
+        serving = _state().models.route(req.model)
         serving.check_model(req.model)
         ids = await _tokenize(serving, req)
     except Exception as exc:  # noqa: BLE001
@@ -404,6 +441,7 @@ async def detokenize() -> Response:
     serving = _state().serving
     try:
         req = decode_body(await request.get_data(), DetokenizeRequest)
+        serving = _state().models.route(req.model)
         serving.check_model(req.model)
         _check_token_ids(req.tokens, serving.vocab_size)
     except Exception as exc:  # noqa: BLE001

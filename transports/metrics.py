@@ -2,7 +2,11 @@
 
 Gauges and counters are read from the engine's per-step stats snapshot at scrape time; the
 latency histograms are fed from the engine's recent-latency queues, drained at each scrape and
-when a request ends (the engine appends in its thread; deque appends and pops are atomic)."""
+when a request ends (the engine appends in its thread; deque appends and pops are atomic).
+
+One model: the series carry no model label (as they always have). Several models (rill serve
+--model A --model B): each engine's series carry `model_name`, its first served name, as vLLM's do;
+the server's own series (HTTP requests, sessions, realtime, responses) stay unlabelled."""
 
 from __future__ import annotations
 
@@ -47,18 +51,30 @@ _COUNTERS = (
 )
 
 
-class _EngineCollector:
-    def __init__(self, engine):
-        self.engine = engine
+class _PerModel:
+    """Families with one sample per engine: unlabelled for one model, `model_name` for several."""
 
+    def __init__(self, labelled: bool):
+        self.labelled = labelled
+        self.engines: list[tuple[object, str]] = []  # (engine, model_name)
+
+    def family(self, kind, name: str, text: str, value_of):
+        if not self.labelled:
+            return kind(name, text, value=value_of(self.engines[0][0]))
+        family = kind(name, text, labels=["model_name"])
+        for engine, model in self.engines:
+            family.add_metric([model], value_of(engine))
+        return family
+
+
+class _EngineCollector(_PerModel):
     def collect(self):
-        stats = self.engine.stats
         for name, text, attr in _GAUGES:
-            yield GaugeMetricFamily(name, text, value=float(getattr(stats, attr)))
+            yield self.family(GaugeMetricFamily, name, text, lambda e, a=attr: float(getattr(e.stats, a)))
         for name, text, attr in _COUNTERS:
-            yield CounterMetricFamily(name, text, value=getattr(stats, attr))
-        yield GaugeMetricFamily("rill_engine_alive", "1 while the engine's worker runs.",
-                                value=1.0 if self.engine.is_alive else 0.0)
+            yield self.family(CounterMetricFamily, name, text, lambda e, a=attr: getattr(e.stats, a))
+        yield self.family(GaugeMetricFamily, "rill_engine_alive", "1 while the engine's worker runs.",
+                          lambda e: 1.0 if e.is_alive else 0.0)
 
 
 class _SessionCollector:
@@ -113,37 +129,40 @@ class _ResponsesCollector:
             yield CounterMetricFamily(name, text, value=value)
 
 
-class _LiveVideoCollector:
-    """Frame streams (rill.live_video): the Serving's LiveVideoStats and the engine's rebases, at scrape time."""
+class _LiveVideoCollector(_PerModel):
+    """Frame streams (rill.live_video): each Serving's LiveVideoStats and its engine's rebases, at scrape time."""
 
-    def __init__(self, stats, engine):
-        self.stats, self.engine = stats, engine
+    def __init__(self, labelled: bool):
+        super().__init__(labelled)
+        self.stats: dict[int, object] = {}  # id(engine) -> its Serving's LiveVideoStats
 
     def collect(self):
         from rill.live_video.stats import METRICS
 
         for name, text, attr in METRICS:
-            yield CounterMetricFamily(name, text, value=getattr(self.stats, attr))
-        yield GaugeMetricFamily("rill_live_video_open_feeds", "Live video feeds open.",
-                                value=float(self.stats.num_open_feeds))
-        yield CounterMetricFamily("rill_live_video_rebases_applied", "Rebases that took effect in the engine.",
-                                  value=self.engine.stats.num_rebased)
+            yield self.family(CounterMetricFamily, name, text, lambda e, a=attr: getattr(self.stats[id(e)], a))
+        yield self.family(GaugeMetricFamily, "rill_live_video_open_feeds", "Live video feeds open.",
+                          lambda e: float(self.stats[id(e)].num_open_feeds))
+        yield self.family(CounterMetricFamily, "rill_live_video_rebases_applied",
+                          "Rebases that took effect in the engine.", lambda e: e.stats.num_rebased)
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self, label_models: bool = False):
         self.registry = CollectorRegistry()
+        self._labels = ["model_name"] if label_models else []  # on the engines' latency histograms
         self.ttft = self._histogram("rill_time_to_first_token_seconds", "Time to first token.")
         self.itl = self._histogram("rill_inter_token_latency_seconds", "Time between output tokens.")
         self.e2e = self._histogram("rill_e2e_request_latency_seconds", "Request time in the engine, end to end.")
         self.encoder_tokens = Histogram("rill_encoder_tokens_per_step", "Embeddings the vision encoder computed in "
                                         "a step that ran it (bounded by --max-num-encoder-tokens, but for an item "
-                                        "larger than that, which runs alone).",
+                                        "larger than that, which runs alone).", self._labels,
                                         buckets=_ENCODER_TOKEN_BUCKETS, registry=self.registry)
         self.requests = Counter("rill_http_requests", "HTTP requests answered.", ["endpoint", "status"],
                                 registry=self.registry)
         self.ttft_after_input = self._histogram("rill_streaming_input_ttft_after_end_seconds",
-                                                "Time from a session's end of input to its first token.")
+                                                "Time from a session's end of input to its first token.",
+                                                per_model=False)  # the sessions' manager serves every model
         # POST /v1/audio/transcriptions (transports/audio_http.py)
         self.transcriptions = Counter("rill_transcription_requests", "Transcription requests answered.", ["status"],
                                       registry=self.registry)
@@ -153,18 +172,27 @@ class Metrics:
                                           "Time to transcribe a recording, once uploaded and decoded, / its length "
                                           "(below 1: faster than real time).",
                                           buckets=_RTF_BUCKETS, registry=self.registry)
-        self._engine = None
+        self._engines = _EngineCollector(bool(self._labels))
+        self._live_video = _LiveVideoCollector(bool(self._labels))
         self._sessions = None
 
-    def _histogram(self, name: str, text: str) -> Histogram:
-        return Histogram(name, text, buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+    def _histogram(self, name: str, text: str, per_model: bool = True) -> Histogram:
+        labels = self._labels if per_model else []
+        return Histogram(name, text, labels, buckets=_LATENCY_BUCKETS_S, registry=self.registry)
 
-    def attach(self, engine) -> None:
-        self._engine = engine
-        self.registry.register(_EngineCollector(engine))
+    def attach(self, engine, model_name: str = "") -> None:
+        """An engine's series (model_name labels them when there are several)."""
+        if not self._engines.engines:
+            self.registry.register(self._engines)
+        self._engines.engines.append((engine, model_name))
 
-    def attach_live_video(self, stats) -> None:
-        self.registry.register(_LiveVideoCollector(stats, self._engine))
+    def attach_live_video(self, stats, engine=None, model_name: str = "") -> None:
+        """A Serving's frame-stream counters, beside its engine's (the engine attached last by default)."""
+        engine = engine if engine is not None else self._engines.engines[-1][0]
+        if not self._live_video.engines:
+            self.registry.register(self._live_video)
+        self._live_video.engines.append((engine, model_name))
+        self._live_video.stats[id(engine)] = stats
 
     def attach_realtime(self, hub) -> None:
         self.registry.register(_RealtimeCollector(hub))
@@ -187,12 +215,11 @@ class Metrics:
         self.drain()
 
     def drain(self) -> None:
-        if self._engine is None:
-            return
-        stats = self._engine.core.stats
-        for queue, histogram in ((stats.ttft_s, self.ttft), (stats.itl_s, self.itl), (stats.e2e_s, self.e2e),
-                                 (stats.encoder_tokens, self.encoder_tokens)):
-            _drain(queue, histogram)
+        for engine, model_name in self._engines.engines:
+            stats = engine.core.stats
+            for queue, histogram in ((stats.ttft_s, self.ttft), (stats.itl_s, self.itl), (stats.e2e_s, self.e2e),
+                                     (stats.encoder_tokens, self.encoder_tokens)):
+                _drain(queue, histogram.labels(model_name) if self._labels else histogram)
         if self._sessions is not None:
             _drain(self._sessions.ttft_after_input_s, self.ttft_after_input)
 

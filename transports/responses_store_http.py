@@ -32,6 +32,7 @@ from rill.openai.responses_api.events import sse_frame
 from rill.openai.responses_api.run import ResponsesContext, new_response_id
 from rill.openai.responses_api.session_join import JoinedResponse, check_joinable, join_options, names_session
 from rill.openai.responses_api.store import StoredResponse, list_page
+from rill.openai.serving import Serving
 from rill.openai.streaming import StreamRun, as_api_error
 from rill.sessions.state import CloseReason
 from rill.transports.http import AppState, _as_api_error, _error, _json, _sse, _state
@@ -102,8 +103,9 @@ async def join_session_response(ctx: ResponsesContext, body: bytes) -> Response 
         return None
     try:
         req, options = join_options(body)
-        ctx.serving.check_model(req.model)
-        run = _joinable_run(options.session_id, ctx.owner)
+        named = _state().serving_for(req.model)
+        named.check_model(req.model)  # 404 for a name no model has
+        run = _joinable_run(options.session_id, ctx.owner, named if req.model is not None else None)
     except Exception as exc:  # noqa: BLE001 - nothing ran yet: an HTTP error
         return _error(_as_api_error(exc) if isinstance(exc, HTTPException) else as_api_error(exc))
     joined = JoinedResponse(run, req, response_id=new_response_id(_state().id_prefix), created_at=int(time.time()))
@@ -118,13 +120,16 @@ async def join_session_response(ctx: ResponsesContext, body: bytes) -> Response 
     return _json(joined.final)
 
 
-def _joinable_run(session_id: str, caller: str | None) -> StreamRun:
+def _joinable_run(session_id: str, caller: str | None, named: Serving | None = None) -> StreamRun:
     sessions = _state().sessions
     if not sessions.config.enabled:
         raise ApiError(404, "streaming input is disabled on this server", param="streaming_input.session_id",
                        code="streaming_input_disabled")
     run = sessions.get(session_id, caller).run
     check_joinable(run)
+    if named is not None and named is not run.serving:  # several models: the session's answers it
+        raise bad_request(f"session {session_id!r} runs on {run.serving.model_names[0]!r}, not on "
+                          f"{named.model_names[0]!r}: name its model or none", "model")
     run.finish()  # the end of input (idempotent): the answer starts
     return run
 

@@ -117,8 +117,8 @@ async def create_session() -> Response:
     if api is None:
         raise ApiError(400, f"streaming_input.api must be one of {sorted(APIS)}", param="streaming_input.api")
     req = decode_body(body, api.request_type)
-    run = open_run(_state().serving, _manager(), api, req, owner(), addressable=True, endpoint=SESSIONS,
-                   speech=_speech_engine())
+    run = open_run(_state().serving_for(req.model), _manager(), api, req, owner(), addressable=True,
+                   endpoint=SESSIONS, speech=_speech_engine())
     session = run.session
     created = SessionCreated(session.session_id, session.timeout_s, session.state, _started(session),
                              session.next_sequence_id)
@@ -233,8 +233,8 @@ async def _open_from_first_line(api, lines: BodyLines) -> StreamRun:
         raise ApiError(400, "the body is empty: line 1 must be the request", code="invalid_ndjson_line")
     req = _at_line(first.number, decode_body, first.data, api.request_type)
     lines.framer.max_line_bytes = _manager().config.max_chunk_bytes * 6 + _LINE_OVERHEAD_BYTES
-    return open_run(_state().serving, _manager(), api, req, owner(), addressable=False, endpoint=api.endpoint,
-                    speech=_speech_engine())
+    return open_run(_state().serving_for(req.model), _manager(), api, req, owner(), addressable=False,
+                    endpoint=api.endpoint, speech=_speech_engine())
 
 
 def _speech_engine():

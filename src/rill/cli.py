@@ -74,6 +74,7 @@ def _cmd_serve(args) -> int:
 
     from rill.live_video import config as live_video_config
     from rill.media import policy as media_policy
+    from rill.model_set import model_specs, served_models
     from rill.openai.chat_media import parse_limits
     from rill.openai.responses_api import config as responses_config
     from rill.server import run
@@ -97,7 +98,12 @@ def _cmd_serve(args) -> int:
         limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
         live_video=live_video_config.from_args(args),
     )
-    return run(engine_config(args), server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
+    models = served_models(engine_config(args), model_specs(args.model, args.models, os.environ.get("RILL_MODEL")),
+                           args.served_model_name)
+    if len(models) > 1:
+        return run(models, server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
+    server.served_model_names = models[0].names
+    return run(models[0].config, server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -114,8 +120,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_live_video_args(p)
     p.add_argument("--limit-mm-per-prompt", default=_env("LIMIT_MM_PER_PROMPT", ""),
                    help="images and videos one prompt may carry, e.g. image=4,video=1 (default image=8,video=1)")
-    p.add_argument("model", nargs="?", default=_env("MODEL", "rill-tiny"),
-                   help="rill-tiny (default) or a local Hugging Face model directory")
+    p.add_argument("model", nargs="?", default=None,
+                   help="rill-tiny or a local Hugging Face model directory (default: RILL_MODEL, else every model "
+                        "the package ships: rill-tiny, and rill-tiny-vision when this build has it)")
+    p.add_argument("--model", dest="models", action="append", metavar="[NAME=]MODEL",
+                   help="serve this model too (repeatable; the first model is the default for requests that name "
+                        "none); NAME=MODEL serves it as NAME, else it is named MODEL as given")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=_env("PORT", 8000, int), help="0: any free port")
     p.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -138,7 +148,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-timeout-s", type=float, default=_env("READ_TIMEOUT_S", None, float),
                    help="close a connection that sends nothing this long (off: SSE readers send nothing)")
     p.add_argument("--served-model-name", nargs="+", default=_env("SERVED_MODEL_NAME", None, lambda v: v.split(",")),
-                   help="names clients use for the model (default: the MODEL argument)")
+                   help="names clients use for the model (default: the MODEL argument); with several, the first")
     p.add_argument("--tool-call-parser", default=_env("TOOL_CALL_PARSER", "hermes"), choices=["hermes", "none"])
     p.add_argument("--reasoning-parser", default=_env("REASONING_PARSER", "none"),
                    choices=["none", "qwen3", "deepseek_r1"])

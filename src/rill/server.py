@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 
 import hypercorn
@@ -17,7 +19,8 @@ import trio
 from hypercorn.trio import serve as hypercorn_serve
 
 from rill.config import EngineConfig
-from rill.engine.async_engine import open_engine
+from rill.engine.async_engine import AsyncEngine, open_engine
+from rill.model_set import ServedModel
 from rill.transports.http import ServerConfig, create_app
 from rill.transports.realtime.quart_route import realtime_hub
 from rill.transports.realtime.ws_listener import serve_ws
@@ -46,28 +49,35 @@ async def wait_for_stop_signal() -> None:
             return
 
 
-async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: str = "127.0.0.1",
-                port: int = 8000, grace_s: float = 10.0, *, speech_model: str | None = None,
+async def serve(engine_config: EngineConfig | list[ServedModel], server_config: ServerConfig,
+                host: str = "127.0.0.1", port: int = 8000, grace_s: float = 10.0, *, speech_model: str | None = None,
                 shutdown_trigger=wait_for_stop_signal, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM) or an engine dies.
+    `engine_config`: one model, or several (rill.model_set), each on its own engine in this nursery.
     `speech_model` ("rill-tiny-speech", a directory, or None) runs the speech worker beside the LLM's.
     task_status gets the bound URLs once the server listens. Returns the exit status: 1 when
     an engine died, else 0."""
     from rill.speech.async_speech import open_serving_speech  # torch and the Whisper runtime: only when serving
 
-    async with (open_engine(engine_config) as engine,
-                open_serving_speech(speech_model, device=engine_config.device) as speech,
+    models = engine_config if isinstance(engine_config, list) else None
+    configs = [engine_config] if models is None else [model.config for model in models]
+    async with (open_engines(configs) as llms,
+                open_serving_speech(speech_model, device=configs[0].device) as speech,
                 trio.open_nursery() as nursery):
-        app = create_app(engine=engine, server=server_config, speech=speech)
+        if models is None:
+            app = create_app(engine=llms[0], server=server_config, speech=speech)
+        else:
+            app = create_app(server=server_config, speech=speech,
+                             models=[(model.names, llm) for model, llm in zip(models, llms)])
         config = hypercorn_config(host, port, grace_s, server_config)
         realtime, stopping = server_config.realtime, trio.Event()
-        engines = [engine] if speech is None else [engine, speech]
+        engines = llms if speech is None else [*llms, speech]
         trigger = partial(_stop_then_set, shutdown_trigger, stopping, engines)
         binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=trigger))
         if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
             ws_url = await nursery.start(partial(serve_ws, realtime_hub(app), host, realtime.ws_port, stop=stopping))
             binds = [*binds, ws_url]
-        log.info("serving %s at %s", engine_config.model, ", ".join(binds))
+        log.info("serving %s at %s", ", ".join(c.model for c in configs), ", ".join(binds))
         task_status.started(binds)
     if (dead := _first_death(engines)) is not None:
         log.error("stopped: the engine died (%r); exiting 1 so that a supervisor restarts rill", dead)
@@ -76,12 +86,19 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, host: 
     return 0
 
 
+@asynccontextmanager
+async def open_engines(configs: list[EngineConfig]) -> AsyncIterator[list[AsyncEngine]]:
+    """One engine per config, opened in order (each its own worker thread and KV cache); closed in reverse."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(open_engine(config)) for config in configs]
+
+
 def _first_death(engines) -> BaseException | None:
     return next((e.dead for e in engines if e.dead is not None), None)
 
 
 async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines) -> None:
-    """Return when the shutdown trigger does or an engine (the LLM's, the speech one) dies, whichever first."""
+    """Return when the shutdown trigger does or an engine (an LLM's, the speech one) dies, whichever first."""
     async with trio.open_nursery() as nursery:
 
         async def first(wait) -> None:
@@ -96,6 +113,6 @@ async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines) -> Non
     stopping.set()
 
 
-def run(engine_config: EngineConfig, server_config: ServerConfig, host: str, port: int, grace_s: float,
-        speech_model: str | None = None) -> int:
+def run(engine_config: EngineConfig | list[ServedModel], server_config: ServerConfig, host: str, port: int,
+        grace_s: float, speech_model: str | None = None) -> int:
     return trio.run(partial(serve, engine_config, server_config, host, port, grace_s, speech_model=speech_model))

@@ -34,6 +34,8 @@ from rill.transports.realtime.events import (
     SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
     new_id,
 )
+from rill.transports.realtime import model_switch
+from rill.transports.realtime.model_switch import ServingFor
 from rill.transports.realtime.text_input import InputTurn, split_prompt
 from rill.transports.realtime.voice import SpeechLink, VoiceInput
 from rill.transports.realtime.video import VideoInput
@@ -58,8 +60,10 @@ class EngineLink(Protocol):
 class RealtimeConnection:
     def __init__(self, serving: Serving, engine: EngineLink, *, dialect: Dialect = Dialect.GA,
                  model: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None, video=None):
+                 audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None, video=None,
+                 serving_for: ServingFor | None = None):
         self.serving, self.engine, self.dialect = serving, engine, dialect
+        self.serving_for = serving_for  # another served model by name (session.update; see model_switch)
         self.max_message_bytes = max_message_bytes
         self.state = State.IDLE
         self.session_id, self.conversation_id = new_id("sess"), new_id("conv")
@@ -222,14 +226,17 @@ class RealtimeConnection:
     def _session_update(self, event: SessionUpdate) -> None:
         config = event.session or SessionConfig()
         config.model = config.model or event.model
+        serving = model_switch.serving_named(self, config.model, self._speech_models)
         before, heard, saved = self._prompt_shape(), self.voice.live_config(), dict(self.settings.__dict__)
-        self.settings.update(config, self.serving, self._speech_models)
+        self.settings.update(config, serving, self._speech_models)
         if self.voice.live_config() != heard:
             try:
                 self.voice.reconfigure()  # checks the transcription settings against the speech model
             except Exception:
                 self.settings.__dict__.update(saved)  # a refused update changes nothing
                 raise
+        if serving is not self.serving:
+            model_switch.use(self, serving)
         self._out.append(SessionUpdated(session=self.settings.wire(self.session_id)))
         if self._prompt_shape() != before:
             self._input_changed()

@@ -22,6 +22,7 @@ import msgspec
 import trio
 
 from rill.openai.errors import ApiError
+from rill.openai.served_models import ServedModels
 from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.transports.api_keys import bearer_matches
@@ -115,19 +116,25 @@ class Handshake:
 
 
 class RealtimeHub:
-    """Admission for both listeners: API key, connection cap, engine readiness."""
+    """Admission for both listeners: API key, connection cap, engine readiness, the model named."""
 
-    def __init__(self, config: RealtimeConfig, api_key: str | None, get_serving: Callable[[], Serving | None],
+    def __init__(self, config: RealtimeConfig, api_key: str | None, get_models: Callable[[], ServedModels | None],
                  get_speech: Callable[[], object | None] = lambda: None):
         self.config, self.api_key = config, api_key
-        self._get_serving = get_serving
+        self._get_models = get_models  # the served models (None until the engines run)
         self._get_speech = get_speech  # the AsyncSpeechEngine, or None: audio gets audio_not_supported
         self.num_connections = 0
         self.num_refused = 0
 
     @property
+    def models(self) -> ServedModels | None:
+        return self._get_models()
+
+    @property
     def serving(self) -> Serving | None:
-        return self._get_serving()
+        """The default model's Serving."""
+        models = self.models
+        return None if models is None else models.default
 
     @property
     def speech(self):
@@ -147,16 +154,16 @@ class RealtimeHub:
         if not self._authorized(headers, subprotocols):
             return Refusal(401, "invalid_api_key", "a valid API key is required: send 'Authorization: Bearer <key>' "
                            f"or the subprotocol '{INSECURE_KEY_PROTOCOL}<key>'")
-        serving = self.serving
-        if serving is None or not serving.engine.is_alive:
+        models = self.models
+        if models is None or not models.all_alive:
             return Refusal(503, "engine_dead", "the engine is not running")
         if self.num_connections >= self.config.max_connections:
             return Refusal(503, "too_many_connections", f"{self.num_connections} realtime connections are open "
                            f"(limit {self.config.max_connections}); retry shortly")
         model = query.get("model")
-        if model is not None and model not in serving.model_names:
+        if model is not None and model not in models.names:
             return Refusal(404, "model_not_found", f"the model {model!r} does not exist; this server serves "
-                           f"{serving.model_names}")
+                           f"{models.names}")
         return None
 
     def _authorized(self, headers: Mapping[str, str], subprotocols: Sequence[str]) -> bool:
@@ -200,6 +207,10 @@ class ChannelEngineLink:
     def __init__(self, engine, nursery: trio.Nursery, inbox: trio.MemorySendChannel):
         self._engine, self._nursery, self._inbox = engine, nursery, inbox
 
+    def use(self, engine) -> None:
+        """Another model's engine, for a connection that has made no request yet (model_switch)."""
+        self._engine = engine
+
     def submit(self, request_id, prompt_token_ids, params, mm_items=()) -> None:
         self._pump(self._engine.submit(request_id, prompt_token_ids, params, mm_items))
 
@@ -238,10 +249,11 @@ async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Ha
     async with trio.open_nursery() as nursery:
         speech = hub.speech
         link = LiveSpeechLink(speech, nursery, send_inbox.clone()) if speech is not None else None
-        conn = RealtimeConnection(hub.serving, ChannelEngineLink(hub.serving.engine, nursery, send_inbox),
+        serving = hub.models.serving_for(handshake.model)  # ?model= on the URL (admit checked it)
+        conn = RealtimeConnection(serving, ChannelEngineLink(serving.engine, nursery, send_inbox),
                                   dialect=handshake.dialect, model=handshake.model,
                                   max_message_bytes=config.max_message_bytes, speech=link,
-                                  video=VideoLink(nursery, send_inbox.clone()))
+                                  video=VideoLink(nursery, send_inbox.clone()), serving_for=hub.models.serving_for)
         log.info("realtime connection %s opened (%d open)", conn.session_id, hub.num_connections)
         try:
             nursery.start_soon(_read_client, socket, send_inbox.clone(), link)

@@ -16,11 +16,12 @@ realtime_api = Blueprint("realtime", __name__)
 _EXTENSION = "rill.realtime"
 
 
-def install_realtime(app: QuartTrio, config: RealtimeConfig, api_key: str | None, get_serving,
+def install_realtime(app: QuartTrio, config: RealtimeConfig, api_key: str | None, get_models,
                      get_speech=lambda: None) -> RealtimeHub:
     """Add the route; the hub it returns also admits the raw listener's connections (one cap for both).
-    `get_speech` gives the speech engine that hears input audio (None: audio is refused)."""
-    hub = RealtimeHub(config, api_key, get_serving, get_speech)
+    `get_models` gives the served models (rill.openai.served_models), `get_speech` the speech engine
+    that hears input audio (None: audio is refused)."""
+    hub = RealtimeHub(config, api_key, get_models, get_speech)
     app.extensions[_EXTENSION] = hub
     app.register_blueprint(realtime_api)
     return hub
