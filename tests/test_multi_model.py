@@ -27,6 +27,7 @@ import trio
 from hypercorn.trio import serve
 from trio_websocket import ConnectionRejected, open_websocket_url
 
+from helpers_live_video import FLASHES_QUESTION, light_clip, png_b64, whole_answer
 from helpers_server import one_torch_thread, parse_sse, wait_for  # noqa: F401
 from helpers_vision import circle_image, make_vl_model_dir
 from rill.assets import RILL_TINY_DIR
@@ -231,6 +232,43 @@ async def test_joining_a_session_as_a_response_names_the_sessions_model(vl_dir):
         await wait_for(s.all_free)
 
 
+async def test_live_video_frames_go_to_the_vision_model_and_rill_tiny_says_it_reads_text_only(vl_dir):
+    frames = light_clip([False, True, True, False])
+    async with two_models(vl_dir) as s, httpx.AsyncClient(base_url=s.url, timeout=60) as http:
+        tiny = (await http.post(SESSIONS, json={"model": "rill-tiny", "messages": []})).json()["session_id"]
+        refused = await http.post(f"{SESSIONS}/{tiny}/chunks",
+                                  json={"sequence_id": 0, "payload": png_b64(frames[0]), "modality": "image"})
+        assert "text only" in assert_error(refused, 400, "unsupported_modality")["message"]
+        await http.delete(f"{SESSIONS}/{tiny}")
+        session_id = (await http.post(SESSIONS, json={"model": "vision", "messages": [], **GREEDY, **EXTRA})
+                      ).json()["session_id"]
+        for i, frame in enumerate(frames):
+            chunk = {"sequence_id": i, "payload": png_b64(frame), "modality": "image", "timestamp_ms": 500 * i}
+            assert (await http.post(f"{SESSIONS}/{session_id}/chunks", json=chunk)).status_code == 202
+        await http.post(f"{SESSIONS}/{session_id}/chunks", json={"sequence_id": len(frames),
+                                                                  "payload": FLASHES_QUESTION, "end_of_input": True})
+        with trio.fail_after(60):
+            while (result := await http.get(f"{SESSIONS}/{session_id}/result")).status_code == 202:
+                await trio.sleep(0.02)
+        vision = OneModel(s.app.extensions["rill"].models.serving_for("vision"))
+        assert result.json()["choices"][0]["message"]["content"] == await whole_answer(vision, frames, FLASHES_QUESTION)
+        metrics = (await http.get("/metrics")).text
+        assert sample(metrics, "rill_live_video_frames_appended_total", "vision") == len(frames)
+        assert sample(metrics, "rill_live_video_frames_appended_total", "rill-tiny") == 0
+        await wait_for(lambda: s.all_free() and s.app.extensions["rill"].sessions.num_open == 0)
+
+
+@dataclass
+class OneModel:
+    """One model of the server as helpers_live_video.whole_answer reads a server: its serving and engine."""
+
+    serving: object
+
+    @property
+    def engine(self):
+        return self.serving.engine
+
+
 # -- realtime -------------------------------------------------------------------------------------------------
 
 
@@ -279,6 +317,10 @@ async def test_realtime_session_update_picks_the_model_before_the_conversation_s
             await client.send("session.update", session={"type": "realtime", "model": "vision"})
             assert (await client.until("session.updated"))[-1]["session"]["model"] == "vision"
             assert await client.ask("What is 17 + 25?") == await engine_answer(s.engines["vision"], SUM)
+            url = "data:image/png;base64," + png_b64(light_clip([True])[0])  # rill-tiny's connection refuses it
+            await client.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                                "content": [{"type": "input_image", "image_url": url}]})
+            assert (await client.until("conversation.item.created"))[-1]["item"]["content"][0]["type"] == "input_image"
             await client.send("session.update", session={"type": "realtime", "model": "rill-tiny"})
             error = (await client.until("error"))[-1]["error"]
             assert error["code"] == "invalid_value" and error["param"] == "session.model"
