@@ -376,5 +376,6 @@ def test_with_an_api_key_the_camera_connects_and_a_server_gone_is_said(camera_fi
             camera_on(driver, url, num_frames=2)
         status = driver.find_element(By.ID, "camera-status")  # the server stopped (SIGINT) above
         wait(driver, lambda d: "connection to the server closed" in status.text, "the page to say so", 30)
+        assert status.text == "Camera off: the connection to the server closed (the server went away).", status.text
         assert driver.find_element(By.ID, "camera").get_attribute("aria-pressed") == "false"
         assert driver.execute_script("return document.getElementById('camera-preview').srcObject") is None

@@ -17,10 +17,16 @@ const JPEG_QUALITY = 0.8;
 // next frame is skipped (a few frames of 336 px JPEG; the server's own pacing drops beyond that).
 export const MAX_BUFFERED_BYTES = 128 * 1024;
 
-/** Send one frame; false (skipped) while the socket is not open or its send buffer is full. */
+/** Whether a frame may go now: the socket is open and its send buffer is not full. */
+export function hasRoom(socket) {
+  return socket.readyState === WebSocket.OPEN && socket.bufferedAmount <= MAX_BUFFERED_BYTES;
+}
+
+/** Send one frame; false (skipped, nothing queued) when the socket has no room for it. */
 export function offerFrame(socket, image, timestampMs, eventId) {
-  if (socket.readyState !== WebSocket.OPEN || socket.bufferedAmount > MAX_BUFFERED_BYTES) return false;
-  socket.send(JSON.stringify({ type: "input_video_frame.append", event_id: eventId, image, timestamp_ms: timestampMs }));
+  if (!hasRoom(socket)) return false;
+  const event = { type: "input_video_frame.append", event_id: eventId, image, timestamp_ms: timestampMs };
+  socket.send(JSON.stringify(event));
   return true;
 }
 
@@ -134,14 +140,17 @@ export class Camera {
     const socket = new WebSocket(realtimeURL(), realtimeProtocols());
     this.socket = socket;
     this.queue = setupEvents(this.hooks.context()).map((event) => JSON.stringify(event));
+    let opened = false;
     socket.onopen = () => {
+      opened = true;
       this.queue.forEach((data) => socket.send(data));
       this.queue = [];
     };
     socket.onmessage = (message) => this.#receive(JSON.parse(message.data));
     socket.onclose = (event) => {
       if (this.socket !== socket) return;
-      const why = event.code === 1006 ? "the server could not be reached" : `code ${event.code}`;
+      const why = !opened ? "the server could not be reached" : event.code === 1006 ? "the server went away"
+        : `code ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
       this.stop(`Camera off: the connection to the server closed (${why}).`, true);
     };
   }
@@ -154,9 +163,9 @@ export class Camera {
 
   #frame() {
     const video = this.preview;
-    if (!this.socket || video.readyState < HTMLMediaElement.HAVE_CURRENT_DATA || !video.videoWidth) return;
-    if (this.socket.readyState !== WebSocket.OPEN) return;  // still connecting: nothing to count yet
-    if (this.socket.bufferedAmount > MAX_BUFFERED_BYTES) {
+    if (this.socket?.readyState !== WebSocket.OPEN) return;  // still connecting: nothing to count yet
+    if (video.readyState < HTMLMediaElement.HAVE_CURRENT_DATA || !video.videoWidth) return;
+    if (!hasRoom(this.socket)) {  // skipped before it is drawn and encoded
       this.counts.numSkipped += 1;
       this.hooks.onCounts(this.counts);
       return;
