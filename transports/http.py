@@ -39,7 +39,7 @@ from rill.openai.errors import ApiError, from_status
 from rill.openai.requests import DetokenizeRequest, TokenizeRequest
 from rill.openai.responses_api.config import ResponsesConfig
 from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
-from rill.openai.served_models import ServedModels, requested_model
+from rill.openai.served_models import ServedModels
 from rill.openai.serving import RequestTrace, Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.scaling.replica import id_prefix
@@ -310,7 +310,7 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
     trace = serving.new_trace(endpoint, prefix)
     try:
         body = await request.get_data()
-        serving, trace = _route(serving, trace, _state().models.route(requested_model(body)), prefix)
+        serving, trace = _route(serving, trace, _state().models.route_body(body), prefix)
         job = prepare(serving, trace, body)
         if getattr(job, "media", None) is not None:
             await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here

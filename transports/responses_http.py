@@ -23,7 +23,6 @@ from rill.openai.responses_api.events import sse_frame
 from rill.openai.responses_api.run import (
     ResponseJob, ResponseRun, ResponsesContext, new_response_id, prepare_response,
 )
-from rill.openai.served_models import requested_model
 from rill.openai.serving import RequestTrace, api_error
 from rill.scaling.replica import ROUTED_HEADER, redirect_for
 from rill.transports.http import _as_api_error, _error, _json, _route as route_trace, _sse, _state
@@ -66,7 +65,7 @@ async def create_response() -> Response:
 
 def _route(ctx: ResponsesContext, trace: RequestTrace, body: bytes) -> tuple[ResponsesContext, RequestTrace]:
     """The context and trace of the model the body names (404 model_not_found for a name none has)."""
-    serving, trace = route_trace(ctx.serving, trace, _state().serving_for(requested_model(body)), "resp")
+    serving, trace = route_trace(ctx.serving, trace, _state().models.route_body(body), "resp")
     return (ctx if serving is ctx.serving else ResponsesContext(serving, ctx.store, ctx.owner)), trace
 
 

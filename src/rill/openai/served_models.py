@@ -79,6 +79,10 @@ class ServedModels:
         the one named (serving_for)."""
         return self.serving_for(name) if self.is_multi else self.default
 
+    def route_body(self, body: bytes) -> Serving:
+        """route() for a JSON body not decoded yet (one model: not even peeked at)."""
+        return self.serving_for(requested_model(body)) if self.is_multi else self.default
+
     def model_cards(self) -> list[ModelCard]:
         """GET /v1/models: every model's cards, default first."""
         return [card for serving in self.servings for card in serving.model_cards()]
