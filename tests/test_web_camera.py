@@ -287,6 +287,22 @@ def test_closing_the_page_frees_the_feed_the_kv_and_the_connection(vl_server, br
     wait_for_metric(vl_server, all_freed, "the feed, the KV and the connection to be freed")
 
 
+def test_picking_a_model_without_video_turns_the_camera_off(vl_server, browser):
+    """A second model in the picker (added here: this server serves one; its card is unknown to the page,
+    so it counts as reading text only): picking it hides the button, turns the camera off and says why."""
+    open_page(browser, vl_server)
+    camera_on(browser, vl_server, num_frames=1)
+    browser.execute_script("""
+        const select = document.getElementById('model');
+        select.add(new Option('text-only', 'text-only'));
+        select.value = 'text-only';
+        select.dispatchEvent(new Event('change', { bubbles: true }));""")
+    assert not browser.find_element(By.ID, "camera").is_displayed()
+    assert browser.find_element(By.ID, "camera-status").text == "Camera off: the model picked does not read video."
+    wait_for_metric(vl_server, all_freed, "the feed to be freed")
+    assert console_errors(browser) == []
+
+
 def test_a_phone_sized_screen_shows_the_camera_without_sideways_scrolling(vl_server, browser):
     browser.set_window_size(390, 844)
     try:

@@ -199,10 +199,13 @@ async function toggleCamera() {
 
 /** Show the camera button for a model whose card says it reads video; another model turns the camera off. */
 function showCamera() {
-  const reads = modelCards.get($("model").value)?.input_modalities ?? [];
+  const model = $("model").value;
   const button = $("camera");
-  button.hidden = !reads.includes("video");
-  if (button.hidden && camera.active) camera.stop("Camera off: the model picked does not read video.", true);
+  button.hidden = !(modelCards.get(model)?.input_modalities ?? []).includes("video");
+  if (camera.active && camera.model !== model) {
+    camera.stop(button.hidden ? "Camera off: the model picked does not read video."
+      : "Camera off: another model was picked; turn it on again to show it to that one.", button.hidden);
+  }
   if (!button.hidden && !navigator.mediaDevices?.getUserMedia) {
     button.disabled = true;
     $("camera-status").textContent = "This browser cannot capture video here (it needs https or localhost).";

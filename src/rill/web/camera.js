@@ -57,6 +57,7 @@ export class Camera {
   constructor(hooks) {
     this.hooks = hooks;
     this.socket = null;
+    this.model = null;  // the model the session was opened for
     this.stream = null;
     this.preview = null;
     this.canvas = document.createElement("canvas");
@@ -138,8 +139,10 @@ export class Camera {
 
   #open() {
     const socket = new WebSocket(realtimeURL(), realtimeProtocols());
+    const context = this.hooks.context();
     this.socket = socket;
-    this.queue = setupEvents(this.hooks.context()).map((event) => JSON.stringify(event));
+    this.model = context.model;
+    this.queue = setupEvents(context).map((event) => JSON.stringify(event));
     let opened = false;
     socket.onopen = () => {
       opened = true;
