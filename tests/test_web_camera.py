@@ -1,6 +1,7 @@
 """The web page's camera in a real browser: headless Chromium whose fake video capture plays a Y4M file
 this test draws (a red light that flashes on noise, `--use-file-for-fake-video-capture`), against
-`rill serve` on 127.0.0.1 with a random-weight Qwen2-VL (tests/helpers_vision.py; no downloads). The
+`rill serve` on 127.0.0.1 with a random-weight Qwen2-VL (tests/helpers_vision.py; no downloads) beside
+rill-tiny, which reads text only (the button shows per /v1/models card). The
 page draws the camera's picture to a canvas, sends JPEG frames over one /v1/realtime connection, and a
 typed question goes over the same socket; the server's own /metrics show the frames arriving and the
 feed, the KV and the connection freed when the camera goes off or the page closes.
@@ -13,6 +14,7 @@ of the page with the camera on there too (it always goes to the test's tmp dir).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -128,11 +130,12 @@ def camera_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vl_server(tmp_path_factory):
+    """The Qwen2-VL (the default model) and rill-tiny in one server."""
     from helpers_vision import make_vl_model_dir
 
     tmp = tmp_path_factory.mktemp("vl_serve")
     model_dir = make_vl_model_dir(tmp / "qwen2_vl", "qwen2_vl")
-    with rill_serve(tmp, str(model_dir), "--served-model-name", MODEL) as url:
+    with rill_serve(tmp, "--model", f"{MODEL}={model_dir}", "--model", "rill-tiny") as url:
         yield url
 
 
@@ -168,10 +171,14 @@ def console_errors(browser) -> list[dict]:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """The server's unlabelled samples, straight from /metrics (not through the page)."""
+    """The server's samples straight from /metrics (not through the page), summed over the models' labels
+    (with two models the engines' series carry model_name)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {m[1]: float(m[2]) for m in re.finditer(r"(?m)^(rill_\w+) (\S+)$", text)}
+    values: dict[str, float] = {}
+    for m in re.finditer(r"(?m)^(rill_\w+)(?:\{[^}]*\})? (\S+)$", text):
+        values[m[1]] = values.get(m[1], 0.0) + float(m[2])
+    return values
 
 
 def wait_for_metric(url: str, condition, what: str, timeout_s: float = WAIT_S) -> dict[str, float]:
@@ -288,15 +295,11 @@ def test_closing_the_page_frees_the_feed_the_kv_and_the_connection(vl_server, br
 
 
 def test_picking_a_model_without_video_turns_the_camera_off(vl_server, browser):
-    """A second model in the picker (added here: this server serves one; its card is unknown to the page,
-    so it counts as reading text only): picking it hides the button, turns the camera off and says why."""
+    """Picking rill-tiny while the camera shows the Qwen2-VL: the button hides, the camera goes off, the page
+    says why."""
     open_page(browser, vl_server)
     camera_on(browser, vl_server, num_frames=1)
-    browser.execute_script("""
-        const select = document.getElementById('model');
-        select.add(new Option('text-only', 'text-only'));
-        select.value = 'text-only';
-        select.dispatchEvent(new Event('change', { bubbles: true }));""")
+    Select(browser.find_element(By.ID, "model")).select_by_value("rill-tiny")
     assert not browser.find_element(By.ID, "camera").is_displayed()
     assert browser.find_element(By.ID, "camera-status").text == "Camera off: the model picked does not read video."
     wait_for_metric(vl_server, all_freed, "the feed to be freed")
@@ -344,21 +347,28 @@ def test_the_page_never_queues_frames_while_the_socket_is_backed_up(vl_server, b
     assert "denied" in denied and "no camera" in missing
 
 
-def test_a_text_model_has_no_camera_button_and_refuses_frames_with_a_clear_message(browser, tmp_path):
-    """rill-tiny's card reads text only: no button. Forced visible, the server refuses the first frame
-    (unsupported_modality) and the page turns the camera off, saying why, and closes the connection."""
-    with rill_serve(tmp_path) as url:
-        open_page(browser, url, model="rill-tiny")
-        button = browser.find_element(By.ID, "camera")
-        assert not button.is_displayed()
-        browser.execute_script("document.getElementById('camera').hidden = false")
-        button.click()
-        status = browser.find_element(By.ID, "camera-status")
-        wait(browser, lambda d: "does not read video" in status.text, "the page to say why")
-        assert "error" in status.get_attribute("class")
-        assert button.get_attribute("aria-pressed") == "false"
-        wait_for_metric(url, lambda m: m["rill_realtime_connections_open"] == 0, "the connection to close")
-        assert console_errors(browser) == []
+def test_a_text_model_has_no_camera_button_and_refuses_frames_with_a_clear_message(vl_server, browser):
+    """Per card: the button shows for the Qwen2-VL, not for rill-tiny (its card reads text only). Forced
+    visible for rill-tiny, the server refuses the first frame (unsupported_modality) and the page turns the
+    camera off, saying why, and closes the connection."""
+    open_page(browser, vl_server, model="rill-tiny")
+    with urllib.request.urlopen(vl_server + "/v1/models", timeout=10) as response:
+        cards = {card["id"]: card["input_modalities"] for card in json.load(response)["data"]}
+    assert cards == {MODEL: ["text", "image", "video"], "rill-tiny": ["text"]}
+    button = browser.find_element(By.ID, "camera")
+    assert not button.is_displayed()
+    Select(browser.find_element(By.ID, "model")).select_by_value(MODEL)
+    assert button.is_displayed()
+    Select(browser.find_element(By.ID, "model")).select_by_value("rill-tiny")
+    assert not button.is_displayed()
+    browser.execute_script("document.getElementById('camera').hidden = false")
+    button.click()
+    status = browser.find_element(By.ID, "camera-status")
+    wait(browser, lambda d: "does not read video" in status.text, "the page to say why")
+    assert "error" in status.get_attribute("class")
+    assert button.get_attribute("aria-pressed") == "false"
+    wait_for_metric(vl_server, all_freed, "the connection to close")
+    assert console_errors(browser) == []
 
 
 def test_a_denied_or_missing_camera_says_so(vl_server):
