@@ -33,7 +33,8 @@ def test_bench_without_matplotlib_prints_its_summary_and_says_the_png_was_skippe
                                   "--json", str(out), "--cache-dir", str(tmp_path), "--no-progress")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    assert json.loads(out.read_text())["benchmark"] == "scheduler"
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "scheduler" and result["config"]["gc_freeze"] is True  # as rill serve does
     assert not out.with_suffix(".png").exists()
     lines = done.stdout.splitlines()
     assert f"wrote {out}" in lines

@@ -29,6 +29,7 @@ from werkzeug.exceptions import HTTPException
 
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
+from rill.gc_heap import freeze_startup_heap, thaw_heap
 from rill.live_video.config import LiveVideoConfig
 from rill.media.policy import MediaPolicy
 from rill.openai import sse
@@ -169,8 +170,12 @@ class AppState:
     async def run_engine(self, config: EngineConfig, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with open_engine(config) as engine:
             self.attach(engine)
+            freeze_startup_heap()  # as `rill serve` does (rill.gc_heap)
             task_status.started()
-            await self._stop.wait()
+            try:
+                await self._stop.wait()
+            finally:
+                thaw_heap()
 
     async def stop_engine(self) -> None:  # async: Quart runs sync hooks in a worker thread
         self._stop.set()

@@ -20,6 +20,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from rill.config import EngineConfig
 from rill.engine.async_engine import AsyncEngine, open_engine
+from rill.gc_heap import freeze_startup_heap, thaw_heap
 from rill.model_set import ServedModel
 from rill.transports.http import ServerConfig, create_app
 from rill.transports.realtime.quart_route import realtime_hub
@@ -77,8 +78,10 @@ async def serve(engine_config: EngineConfig | list[ServedModel], server_config: 
         if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
             ws_url = await nursery.start(partial(serve_ws, realtime_hub(app), host, realtime.ws_port, stop=stopping))
             binds = [*binds, ws_url]
+        freeze_startup_heap()  # models loaded, sockets bound: the rest of the heap is what requests make
         log.info("serving %s at %s", ", ".join(c.model for c in configs), ", ".join(binds))
         task_status.started(binds)
+    thaw_heap()
     if (dead := _first_death(engines)) is not None:
         log.error("stopped: the engine died (%r); exiting 1 so that a supervisor restarts rill", dead)
         return 1

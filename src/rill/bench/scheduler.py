@@ -60,6 +60,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="random-small",
                    help="model directory the engine loads (its weights are never run; default random-small)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up on the bridge run after this many seconds")
+    p.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                   help="leave the startup heap in the garbage collector's walks (rill serve freezes it: rill.gc_heap)")
 
 
 def _config(args, model: str):
@@ -85,6 +87,14 @@ def _requests(args, vocab_size: int):
     return [(f"s{i}", random_token_ids(rng, args.prompt_tokens, vocab_size), params) for i in range(args.num_seqs)]
 
 
+def _startup_done(args) -> None:
+    """What `rill serve` does once its engines have loaded."""
+    if args.gc_freeze:
+        from rill.gc_heap import freeze_startup_heap
+
+        freeze_startup_heap()
+
+
 def _vocab(core) -> int:
     """Ids both the tokenizer and the model know."""
     return min(core.tokenizer.vocab_size, core.model_config.vocab_size)
@@ -96,6 +106,7 @@ def bench_core(args, model: str) -> list[float]:
 
     core = EngineCore(_config(args, model))
     core.runner = NoOpRunner(_vocab(core))
+    _startup_done(args)
     for rid, ids, params in _requests(args, _vocab(core)):
         core.add_request(rid, ids, params)
     for _ in range(_max_tokens(args)):  # warm up: until every request has produced a token
@@ -137,6 +148,7 @@ async def bench_bridge(args, model: str) -> dict:
     async with open_engine(_config(args, model)) as engine:
         core = engine.core
         core.runner = NoOpRunner(_vocab(core))  # the worker is idle: nothing submitted yet
+        _startup_done(args)
         core_step, deliver = core.step, engine._deliver
 
         def timed_step():
@@ -183,12 +195,18 @@ def run(args) -> dict:
     import trio
 
     model = resolve_model(args.model, args.cache_dir, args.seed)
-    core_times = bench_core(args, model)
-    bridge = trio.run(bench_bridge, args, model)
+    try:
+        core_times = bench_core(args, model)
+        bridge = trio.run(bench_bridge, args, model)
+    finally:
+        if args.gc_freeze:
+            from rill.gc_heap import thaw_heap
+
+            thaw_heap()
     return {
         "benchmark": NAME,
         "config": {"num_seqs": args.num_seqs, "steps": args.steps, "prompt_tokens": args.prompt_tokens,
-                   "model": args.model, "seed": args.seed},
+                   "model": args.model, "seed": args.seed, "gc_freeze": args.gc_freeze},
         "target_ms_per_step": TARGET_MS_PER_STEP,
         "core": summarize_ms(core_times),
         "bridge": {
