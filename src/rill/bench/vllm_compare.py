@@ -1,0 +1,82 @@
+"""The table of bench-results/vllm-compare.sh: `vllm bench serve` results for rill and vLLM, per scenario
+and round, as JSON and a PNG (rill / vLLM output tokens per second and TPOT p50, round by round).
+
+    python -m rill.bench.vllm_compare DIR     # reads DIR/{rill,vllm}-{inf,c8}-{round}.json
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from rill.bench.common import save_plot
+
+SCENARIOS = {"inf": "request rate inf", "c8": "8 in flight"}
+TARGET = 1.25  # issue 33: rill's output tok/s at least 1.25x vLLM's in both scenarios
+TPOT_TARGET = 0.8  # and TPOT p50 at 8 in flight at most 0.8x vLLM's
+
+
+def load(directory: Path) -> list[dict]:
+    """One row per (scenario, round) that both sides finished."""
+    runs: dict[tuple[str, int], dict[str, dict]] = {}
+    for path in sorted(directory.glob("*-*-*.json")):
+        m = re.fullmatch(r"(rill|vllm)-(inf|c8)-(\d+)\.json", path.name)
+        if m:
+            runs.setdefault((m[2], int(m[3])), {})[m[1]] = json.loads(path.read_text())
+    rows = []
+    for (scenario, rnd), sides in sorted(runs.items()):
+        if {"rill", "vllm"} <= sides.keys():
+            r, v = sides["rill"], sides["vllm"]
+            rows.append({
+                "scenario": scenario, "round": rnd,
+                "rill_tok_s": r["output_throughput"], "vllm_tok_s": v["output_throughput"],
+                "ratio": r["output_throughput"] / v["output_throughput"],
+                "rill_tpot_p50_ms": r["median_tpot_ms"], "vllm_tpot_p50_ms": v["median_tpot_ms"],
+                "tpot_ratio": r["median_tpot_ms"] / v["median_tpot_ms"],
+                "rill_ttft_p50_ms": r["median_ttft_ms"], "vllm_ttft_p50_ms": v["median_ttft_ms"],
+                "completed": [r["completed"], v["completed"]],
+            })
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| scenario, round | rill out tok/s | vLLM out tok/s | rill/vLLM | TPOT p50 rill / vLLM ms | TTFT p50 rill / vLLM ms |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {SCENARIOS[row['scenario']]}, {row['round']} | {row['rill_tok_s']:.1f} | {row['vllm_tok_s']:.1f} | "
+                     f"{row['ratio']:.2f}x | {row['rill_tpot_p50_ms']:.0f} / {row['vllm_tpot_p50_ms']:.0f} | "
+                     f"{row['rill_ttft_p50_ms']:.0f} / {row['vllm_ttft_p50_ms']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> Path | None:
+    def draw(axes):
+        labels = [f"{SCENARIOS[r['scenario']]}\nround {r['round']}" for r in rows]
+        xs = range(len(rows))
+        axes[0].bar([x - 0.2 for x in xs], [r["rill_tok_s"] for r in rows], 0.4, label="rill")
+        axes[0].bar([x + 0.2 for x in xs], [r["vllm_tok_s"] for r in rows], 0.4, label="vLLM")
+        axes[0].set_xticks(list(xs), labels)
+        axes[0].set_ylabel("output tokens/s (vllm bench serve)")
+        axes[0].legend()
+
+    return save_plot(path, draw, title=f"rill vs vLLM CPU, random-qwen2-100m (target rill/vLLM >= {TARGET}x)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    directory = Path((argv or sys.argv[1:])[0])
+    rows = load(directory)
+    result = {"rows": rows, "target_ratio": TARGET, "tpot_target": TPOT_TARGET,
+              "met": bool(rows) and all(r["ratio"] >= TARGET for r in rows)
+              and all(r["tpot_ratio"] <= TPOT_TARGET for r in rows if r["scenario"] == "c8")}
+    (directory / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(table(rows))
+    print(f"target (>= {TARGET}x in both scenarios, TPOT p50 at 8 in flight <= {TPOT_TARGET}x): "
+          f"{'met' if result['met'] else 'not met'}")
+    plot(rows, directory / "summary.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
