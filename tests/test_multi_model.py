@@ -12,6 +12,7 @@ import base64
 import io
 import itertools
 import json
+import logging
 import os
 import re
 import subprocess
@@ -130,6 +131,21 @@ async def test_each_model_answers_by_name_and_a_request_naming_none_goes_to_the_
         assert completion.model == "vision" and completion.usage.completion_tokens == 6
         await client.close()
         await wait_for(s.all_free)
+
+
+async def test_response_ids_are_unique_across_models_and_each_log_line_names_its_model(vl_dir, caplog):
+    caplog.set_level(logging.INFO, logger="rill.server")
+    async with two_models(vl_dir) as s:
+        client = openai.AsyncOpenAI(base_url=s.v1, api_key="unused", max_retries=0)
+        ids = []
+        for model in ("rill-tiny", "vision", "vision", "rill-tiny"):  # each engine's first request among them
+            done = await client.chat.completions.create(model=model, messages=SUM, temperature=0, max_tokens=2)
+            ids.append((done.id, model))
+        await client.close()
+    assert len({i for i, _ in ids}) == 4, ids  # one id sequence for both engines
+    for response_id, model in ids:
+        line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith(response_id + " "))
+        assert line.endswith(f" model={model}"), line
 
 
 async def test_an_image_goes_to_the_vision_model_and_is_refused_by_rill_tiny(vl_dir):

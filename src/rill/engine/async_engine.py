@@ -26,6 +26,10 @@ from rill.errors import EngineDeadError, RillError
 from rill.outputs import RequestDelta, coalesce
 from rill.sampling_params import SamplingParams
 
+# Request ids ("req-N") come from one counter for every engine in the process, so that with several
+# models served (rill.model_set) a response id such as chatcmpl-req-7 and its log line name one request.
+_REQUEST_IDS = itertools.count()
+
 log = logging.getLogger("rill.engine")
 
 
@@ -91,7 +95,7 @@ class AsyncEngine:
         self._streams: dict[str, trio.MemorySendChannel] = {}
         self._n: dict[str, int] = {}  # samples per live request
         self._done: dict[str, set[int]] = {}  # finished sample indices per live request
-        self._ids = itertools.count()
+        self._ids = _REQUEST_IDS  # one sequence per process: several models' engines never share an id
         self.dead: BaseException | None = None
         self.died = trio.Event()  # set with `dead`, for whoever must act on it (rill serve exits)
         self.stats = core.snapshot()  # refreshed once per step, read by /metrics

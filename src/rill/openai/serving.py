@@ -191,9 +191,9 @@ class Serving:
         trace.status = status
         total_ms = (time.monotonic() - trace.start_s) * 1e3
         ttft = "-" if trace.ttft_ms is None else f"{trace.ttft_ms:.1f}"
-        log.info("%s %s status=%d prompt_tokens=%d generated_tokens=%d ttft_ms=%s total_ms=%.1f",
+        log.info("%s %s status=%d prompt_tokens=%d generated_tokens=%d ttft_ms=%s total_ms=%.1f model=%s",
                  trace.request_id, trace.endpoint, status, trace.num_prompt_tokens, trace.num_generated_tokens,
-                 ttft, total_ms)
+                 ttft, total_ms, self.model_names[0])
         if self._on_done is not None:
             self._on_done(trace)
 
