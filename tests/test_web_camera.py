@@ -18,18 +18,17 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from helpers_browser import browser_requirements
+from helpers_browser import chromium as headless_chromium
+from helpers_browser import rill_serve as serve_subprocess
 from helpers_live_video import light_frame
 
 SERVE_TIMEOUT_S = 120
@@ -38,25 +37,9 @@ MODEL = "qwen2-vl-test"
 QUESTION = "Is the red light on?"
 
 
-def _browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[web]')"
-    for tool, package in (("chromium", "chromium"), ("chromedriver", "chromium-driver")):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (Debian: apt-get install {package})"
-    return None
-
-
-_MISSING = _browser_missing()
-if _MISSING is not None and os.environ.get("RILL_BROWSER_TESTS") == "required":
-    raise RuntimeError(f"RILL_BROWSER_TESTS=required but {_MISSING}")
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+_MISSING, pytestmark = browser_requirements()
 
 if _MISSING is None:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -80,44 +63,13 @@ def write_y4m(path: Path, frames: list[np.ndarray], fps: int) -> Path:
     return path
 
 
-@contextmanager
 def rill_serve(tmp_path: Path, *args: str):
-    """`rill serve` on a free port: yields its URL; SIGINT at the end, then kill if it lingers."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rill", "serve", "--port", "0", "--speech-model", "none", *args]
-    log_path = tmp_path / f"serve-{time.monotonic_ns()}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + SERVE_TIMEOUT_S
-        while not (match := re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", log_path.read_text())):
-            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
-            time.sleep(0.1)
-        yield match[1]
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    """`rill serve` on a free port: yields its URL (helpers_browser.rill_serve)."""
+    return serve_subprocess(tmp_path, "--speech-model", "none", *args, timeout_s=SERVE_TIMEOUT_S)
 
 
-@contextmanager
 def chromium(*media_flags: str):
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1100,760", "--force-device-scale-factor=1", *media_flags):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
-    driver.set_page_load_timeout(30)
-    driver.set_script_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    return headless_chromium("--force-device-scale-factor=1", *media_flags)
 
 
 @pytest.fixture(scope="module")

@@ -12,41 +12,23 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from helpers_browser import browser_requirements, chromium
+from helpers_browser import rill_serve as serve_subprocess
 
 QUESTION = "What is 12 + 30?"
 SERVE_TIMEOUT_S = 120
 ANSWER_TIMEOUT_S = 60
 
 
-def _browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[web]')"
-    for tool, package in (("chromium", "chromium"), ("chromedriver", "chromium-driver")):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (Debian: apt-get install {package})"
-    return None
-
-
-_MISSING = _browser_missing()
-if _MISSING is not None and os.environ.get("RILL_BROWSER_TESTS") == "required":
-    raise RuntimeError(f"RILL_BROWSER_TESTS=required but {_MISSING}")
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+_MISSING, pytestmark = browser_requirements()
 
 if _MISSING is None:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -55,33 +37,9 @@ if _MISSING is None:
 # -- the server and the browser -------------------------------------------------------------------------------
 
 
-@contextmanager
 def rill_serve(tmp_path: Path, *flags: str):
-    """`rill serve` (rill-tiny) on a free port: yields its URL; SIGINT at the end, then kill if it lingers."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rill", "serve", "--port", "0", "--speech-model", "none", *flags]
-    log_path = tmp_path / f"serve-{time.monotonic_ns()}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path)
-    try:
-        yield _bound_url(process, log_path)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def _bound_url(process: subprocess.Popen, log_path: Path) -> str:
-    deadline = time.monotonic() + SERVE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if match := re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", log_path.read_text()):
-            return match[1]
-        assert process.poll() is None, log_path.read_text()
-        time.sleep(0.1)
-    raise TimeoutError(f"rill serve did not listen within {SERVE_TIMEOUT_S} s: {log_path.read_text()[-2000:]}")
+    """`rill serve` (rill-tiny) on a free port: yields its URL (helpers_browser.rill_serve)."""
+    return serve_subprocess(tmp_path, "--speech-model", "none", *flags, timeout_s=SERVE_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +50,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1100,760", "--force-device-scale-factor=1"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
-    driver.set_page_load_timeout(30)
-    driver.set_script_timeout(30)
-    try:
+    with chromium("--force-device-scale-factor=1") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def open_page(browser, url: str):

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
 
+from helpers_browser import browser_requirements, chromium
+from helpers_browser import rill_serve as serve_subprocess
 from helpers_whisper import make_whisper_dir
 from rill.speech.async_speech import speech_model_available
 
@@ -31,50 +27,16 @@ SERVE_TIMEOUT_S = 120
 TURN_TIMEOUT_S = 90
 
 
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[web]')"
-    for tool, package in (("chromium", "chromium"), ("chromedriver", "chromium-driver"), ("espeak-ng", "espeak-ng")):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (Debian: apt-get install {package})"
-    return None
-
-
-_MISSING = _missing()
-if _MISSING is not None and os.environ.get("RILL_BROWSER_TESTS") == "required" and "espeak" not in _MISSING:
-    raise RuntimeError(f"RILL_BROWSER_TESTS=required but {_MISSING}")
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+_MISSING, pytestmark = browser_requirements(("espeak-ng", "espeak-ng"))
 
 if _MISSING is None:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
 
-@contextmanager
 def rill_serve(tmp_path: Path, *flags: str):
-    """`rill serve` on a free port: yields its URL; SIGINT at the end, then kill if it lingers."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    log_path = tmp_path / f"serve-{time.monotonic_ns()}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "rill", "serve", "--port", "0", *flags],
-                                   stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + SERVE_TIMEOUT_S
-        while not (match := re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", log_path.read_text())):
-            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
-            time.sleep(0.1)
-        yield match[1]
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    """`rill serve` on a free port: yields its URL (helpers_browser.rill_serve)."""
+    return serve_subprocess(tmp_path, *flags, timeout_s=SERVE_TIMEOUT_S)
 
 
 def spoken_wav(path: Path, text: str) -> Path:
@@ -88,21 +50,10 @@ def spoken_wav(path: Path, text: str) -> Path:
     return path
 
 
-@contextmanager
 def browser_hearing(wav: Path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1100,760", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-                 f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    """Chromium whose fake microphone plays `wav` once."""
+    return chromium("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                    f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required")
 
 
 def wait(browser, condition, what: str, timeout_s: float = TURN_TIMEOUT_S):
