@@ -53,3 +53,15 @@ export function realtimeProtocols() {
   const key = apiKey();
   return key ? ["realtime", INSECURE_KEY_PROTOCOL + key] : ["realtime"];
 }
+
+
+/** Settle an answer's {resolve, reject} from a realtime response.done: rejected when the response
+ * failed, else resolved with its output tokens and the finish reason as the chat view words it. */
+export function settleAnswer(answer, response) {
+  if (response.status === "failed") {
+    answer.reject(new Error(response.status_details?.error?.message ?? "the response failed"));
+    return;
+  }
+  const status = { completed: "stop", cancelled: "stopped", incomplete: "length" }[response.status];
+  answer.resolve({ tokens: response.usage?.output_tokens ?? null, status: status ?? response.status });
+}

@@ -8,7 +8,7 @@
 // into it when it opens. Turning the camera off stops the tracks and closes the socket: the server
 // frees the feed and its KV.
 
-import { realtimeProtocols, realtimeURL } from "./api.js";
+import { realtimeProtocols, realtimeURL, settleAnswer } from "./api.js";
 import { setupEvents } from "./typeahead.js";
 
 export const MAX_SIDE_PX = 336;  // Qwen2-VL's patches are 28 px merged: 336 = 12 of them
@@ -220,11 +220,6 @@ export class Camera {
     const answer = this.answer;
     this.answer = null;
     if (!answer) return;
-    if (response.status === "failed") {
-      answer.reject(new Error(response.status_details?.error?.message ?? "the response failed"));
-      return;
-    }
-    const status = { completed: "stop", cancelled: "stopped", incomplete: "length" }[response.status];
-    answer.resolve({ tokens: response.usage?.output_tokens ?? null, status: status ?? response.status });
+    settleAnswer(answer, response);
   }
 }

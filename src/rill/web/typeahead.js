@@ -10,7 +10,7 @@
 // a change of settings closes the connection, so the server aborts that session and frees its
 // KV, and once typing pauses for EDIT_PAUSE_MS a new connection sends the whole text again.
 
-import { realtimeProtocols, realtimeURL } from "./api.js";
+import { realtimeProtocols, realtimeURL, settleAnswer } from "./api.js";
 import { TOOLS } from "./chat.js";
 
 const EDIT_PAUSE_MS = 300;
@@ -142,12 +142,7 @@ export class TypeAhead {
     this.answer = null;
     this.close();  // one connection per message
     if (!answer) return;
-    if (response.status === "failed") {
-      answer.reject(new Error(response.status_details?.error?.message ?? "the response failed"));
-      return;
-    }
-    const status = { completed: "stop", cancelled: "stopped", incomplete: "length" }[response.status];
-    answer.resolve({ tokens: response.usage?.output_tokens ?? null, status: status ?? response.status });
+    settleAnswer(answer, response);
   }
 
   /** An error event: the typed text may be gone on the server (e.g. too long), so start afresh. */
