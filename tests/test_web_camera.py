@@ -229,9 +229,11 @@ def test_the_rate_select_sets_the_frames_per_second(vl_server, browser):
     for fps in ("1", "4"):
         Select(browser.find_element(By.ID, "camera-fps")).select_by_value(fps)
         start, t0 = page_count(browser, "sent") + page_count(browser, "skipped"), time.monotonic()
-        time.sleep(3)
+        time.sleep(4)
         rates[fps] = (page_count(browser, "sent") + page_count(browser, "skipped") - start) / (time.monotonic() - t0)
-    assert rates["1"] <= 1.5 and rates["4"] >= 2.5, rates  # timers on a busy machine: loose bounds
+    # A timer never fires early, so 1 fps stays at or under 1.5; a starved browser fires late, so 4 fps is only
+    # held to more than 1 fps could give (4 fps measured 3.5-4 here; a CI machine may be busier).
+    assert rates["1"] <= 1.5 < rates["4"], rates
     browser.find_element(By.ID, "camera").click()
     wait_for_metric(vl_server, all_freed, "the feed to be freed")
     assert console_errors(browser) == []
