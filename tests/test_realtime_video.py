@@ -67,6 +67,15 @@ async def ask(client, question: str) -> list[dict]:
     return await client.respond()
 
 
+async def start_answer(client, frames, max_output_tokens: int) -> list[dict]:
+    """Greedy; the frames, then the flashes question, and an answer started: its events up to its first delta."""
+    await greedy(client)
+    await stream(client, frames)
+    await put_question(client, FLASHES_QUESTION)
+    await client.send("response.create", response={"max_output_tokens": max_output_tokens})
+    return await client.until("response.output_text.delta")
+
+
 def data_url(pixels: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
@@ -263,11 +272,7 @@ async def test_vllm_commit_with_a_query_answers_as_the_whole_clip(model_dir, lis
 async def test_frames_sent_during_an_answer_wait_and_form_the_next_message(model_dir, listener):
     first, second = light_clip(STATES[:4]), light_clip(STATES[4:])
     async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
-        await greedy(client)
-        await stream(client, first)
-        await put_question(client, FLASHES_QUESTION)
-        await client.send("response.create", response={"max_output_tokens": 48})
-        started = await client.until("response.output_text.delta")
+        started = await start_answer(client, first, 48)
         await stream(client, second, start_ms=2000)  # while the first answer is on its way
         done = started + await client.until("response.done")
         assert done[-1]["response"]["usage"]["output_tokens"] > 2 * len(second)
@@ -385,11 +390,7 @@ async def test_a_camera_across_many_turns_keeps_only_the_window_of_frames(model_
 async def test_text_typed_between_frames_during_an_answer_keeps_its_place_in_the_next_message(model_dir, listener):
     first, before, after = light_clip(STATES[:4]), light_clip(STATES[4:6]), light_clip(STATES[6:8])
     async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
-        await greedy(client)
-        await stream(client, first)
-        await put_question(client, FLASHES_QUESTION)
-        await client.send("response.create", response={"max_output_tokens": 200})
-        started = await client.until("response.output_text.delta")
+        started = await start_answer(client, first, 200)
         await stream(client, before, start_ms=2000)  # all while the answer is on its way
         await client.send("input_text_buffer.append", delta="And then:")
         await stream(client, after, start_ms=3000)
@@ -410,11 +411,7 @@ async def test_text_typed_between_frames_during_an_answer_keeps_its_place_in_the
 async def test_frames_then_a_commit_during_an_answer_form_the_next_message(model_dir, listener):
     first, during = light_clip(STATES[:4]), light_clip(STATES[4:8])
     async with serve(model_dir, max_waiting_frames=64) as server, connect(server, listener) as client:
-        await greedy(client)
-        await stream(client, first)
-        await put_question(client, FLASHES_QUESTION)
-        await client.send("response.create", response={"max_output_tokens": 200})
-        started = await client.until("response.output_text.delta")
+        started = await start_answer(client, first, 200)
         await stream(client, during, start_ms=2000)
         await client.send("input_text_buffer.append", delta=LAST_DIGIT_QUESTION)
         await client.send("input_text_buffer.commit")

@@ -41,7 +41,7 @@ from rill.openai.requests import DetokenizeRequest, TokenizeRequest
 from rill.openai.responses_api.config import ResponsesConfig
 from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
 from rill.openai.served_models import ServedModels
-from rill.openai.serving import RequestTrace, Serving, ServingOptions, api_error, current_trace, decode_body
+from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.scaling.replica import id_prefix
 from rill.sessions import SessionManager, StreamingInputConfig
@@ -315,7 +315,7 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
     trace = serving.new_trace(endpoint, prefix)
     try:
         body = await request.get_data()
-        serving, trace = _route(serving, trace, _state().models.route_body(body), prefix)
+        serving = _state().models.route_body(body)  # the model it names; the trace goes with it (ids are per process)
         job = prepare(serving, trace, body)
         if getattr(job, "media", None) is not None:
             await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here
@@ -331,16 +331,6 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
         return _error(error)
     serving.finish(trace, 200)
     return _json(result)
-
-
-def _route(serving: Serving, trace: RequestTrace, named: Serving, prefix: str) -> tuple[Serving, RequestTrace]:
-    """The request runs on the model it names: a trace of that engine's (request ids are per engine),
-    counted from when the request came."""
-    if named is serving:
-        return serving, trace
-    routed = named.new_trace(trace.endpoint, prefix)
-    routed.start_s = trace.start_s
-    return named, routed
 
 
 def _as_api_error(exc: Exception) -> ApiError:

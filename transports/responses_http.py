@@ -23,9 +23,9 @@ from rill.openai.responses_api.events import sse_frame
 from rill.openai.responses_api.run import (
     ResponseJob, ResponseRun, ResponsesContext, new_response_id, prepare_response,
 )
-from rill.openai.serving import RequestTrace, api_error
+from rill.openai.serving import api_error
 from rill.scaling.replica import ROUTED_HEADER, redirect_for
-from rill.transports.http import _as_api_error, _error, _json, _route as route_trace, _sse, _state
+from rill.transports.http import _as_api_error, _error, _json, _sse, _state
 from rill.transports.responses_store_http import follow_frames, join_session_response
 from rill.transports.streaming_input import owner
 
@@ -49,7 +49,7 @@ async def create_response() -> Response:
         return joined
     trace = ctx.serving.new_trace(ENDPOINT, "resp")
     try:
-        ctx, trace = _route(ctx, trace, body)
+        ctx = _route(ctx, body)
         job = prepare_response(ctx, body, trace)
         if job.request.background:
             return await _background(ctx, job)
@@ -63,10 +63,10 @@ async def create_response() -> Response:
     return await _answer(ctx, run)
 
 
-def _route(ctx: ResponsesContext, trace: RequestTrace, body: bytes) -> tuple[ResponsesContext, RequestTrace]:
-    """The context and trace of the model the body names (404 model_not_found for a name none has)."""
-    serving, trace = route_trace(ctx.serving, trace, _state().models.route_body(body), "resp")
-    return (ctx if serving is ctx.serving else ResponsesContext(serving, ctx.store, ctx.owner)), trace
+def _route(ctx: ResponsesContext, body: bytes) -> ResponsesContext:
+    """The context of the model the body names (404 model_not_found for a name none has)."""
+    serving = _state().models.route_body(body)
+    return ctx if serving is ctx.serving else ResponsesContext(serving, ctx.store, ctx.owner)
 
 
 async def _answer(ctx: ResponsesContext, run: ResponseRun) -> Response:
