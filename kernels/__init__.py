@@ -2,7 +2,8 @@
 
 Layout (shared by every backend):
   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-  slot_mapping:     [num_new_tokens] int64, flat slot = block_id * block_size + offset
+  slot_mapping:     [num_new_tokens] int64, flat slot = block_id * block_size + offset;
+                    a negative slot writes nothing (a CUDA graph's padding rows)
   block_tables:     [num_seqs, max_blocks_per_seq] int32, logical block i -> physical id
   seq_lens:         [num_seqs] int32, context length of each sequence after this step
   query_start_loc:  [num_seqs + 1] int32, prefix sums of the query lengths

@@ -16,8 +16,12 @@ def write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64
 ) -> None:
-    """Scatter the new tokens' keys and values into their cache slots."""
+    """Scatter the new tokens' keys and values into their cache slots; a negative slot is skipped
+    (the padding rows of a captured decode step, engine/cuda_graphs.py)."""
     num_blocks, block_size = k_cache.shape[:2]
+    if slot_mapping.numel() and int(slot_mapping.min()) < 0:
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slot_mapping] = key.to(k_cache.dtype)
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slot_mapping] = value.to(v_cache.dtype)
 

@@ -40,6 +40,8 @@ def _write_kv_kernel(
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_mapping + t).to(tl.int64)
+    if slot < 0:  # a CUDA graph's padding row (engine/cuda_graphs.py): written nowhere
+        return
     h = tl.arange(0, HEADS_PAD)[:, None]
     d = tl.arange(0, HEAD_DIM)[None, :]
     mask = h < num_kv_heads
@@ -234,7 +236,8 @@ def _prefill_kernel(
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
-    """Scatter the new tokens' keys and values ([T, Hkv, D]) into their cache slots."""
+    """Scatter the new tokens' keys and values ([T, Hkv, D]) into their cache slots; a negative
+    slot is skipped (the padding rows of a captured decode step)."""
     num_tokens, num_kv_heads, head_dim = key.shape
     _check_head_dim(head_dim)
     _check_rows(key, value, k_cache, v_cache)

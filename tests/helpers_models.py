@@ -38,8 +38,8 @@ def _config(arch: str, vocab_size: int, **overrides):
     cls, extra = kinds[arch]
     # A wider init than transformers' default keeps the logits apart, so greedy argmax is not
     # decided by float rounding.
-    return cls(vocab_size=vocab_size, initializer_range=0.2, eos_token_id=None, bos_token_id=None,
-               pad_token_id=None, **{**SMALL, **extra, **overrides})
+    return cls(vocab_size=vocab_size, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+               **{"initializer_range": 0.2, **SMALL, **extra, **overrides})
 
 
 def gemma_kinds(gemma2, gemma3) -> dict:
@@ -96,18 +96,20 @@ def rill_logits(model_dir: Path, ids: list[int], dtype: str | None = None) -> to
 
 
 def rill_forward(model, ids: list[int]) -> torch.Tensor:
-    cfg = model.config
+    """One prefill step on the model's own device (a CUDA model runs the Triton kernels)."""
+    cfg, dev = model.config, model.embed_tokens.weight.device
     num_blocks = -(-len(ids) // 16)
     shape = (num_blocks, 16, cfg.num_kv_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape, dtype=cfg.dtype), torch.zeros(shape, dtype=cfg.dtype)) for _ in range(cfg.num_layers)]
+    kv = [(torch.zeros(shape, dtype=cfg.dtype, device=dev), torch.zeros(shape, dtype=cfg.dtype, device=dev))
+          for _ in range(cfg.num_layers)]
     n = len(ids)
     meta = AttentionMetadata(
-        slot_mapping=torch.arange(n), block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        max_query_len=n,
+        slot_mapping=torch.arange(n, device=dev), block_tables=torch.arange(num_blocks, dtype=torch.int32, device=dev)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev), max_query_len=n,
     )
     with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), kv, meta))
+        return model.compute_logits(model(torch.tensor(ids, device=dev), torch.arange(n, device=dev), kv, meta))
 
 
 def hf_logits(model_dir: Path, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -122,7 +124,7 @@ def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
 
 def hf_forward(model, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
+        return model(torch.tensor([ids], device=model.device)).logits[0].float()
 
 
 def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.float32) -> list[int]:

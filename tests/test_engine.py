@@ -16,6 +16,9 @@ from rill.errors import ValidationError
 from rill.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+# The same tests on a GPU: RILL_TEST_DEVICE=cuda (and RILL_TEST_CUDA_GRAPHS=1 to replay decode steps
+# from CUDA graphs); bench-results/gpu-run.sh runs them so.
+DEVICE = {"device": os.environ.get("RILL_TEST_DEVICE", "cpu"), "cuda_graphs": bool(os.environ.get("RILL_TEST_CUDA_GRAPHS"))}
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,7 @@ def mistral_dir(tmp_path_factory):
 
 
 def engine(model_dir, **kw) -> EngineCore:
-    return EngineCore(EngineConfig(model=str(model_dir), **{"num_kv_blocks": 256, **kw}))
+    return EngineCore(EngineConfig(model=str(model_dir), **{"num_kv_blocks": 256, **DEVICE, **kw}))
 
 
 def run(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]], max_steps=2000):
@@ -322,10 +325,10 @@ def test_eos_ends_the_request_without_adding_its_text(mistral_dir):
 
 
 def test_kv_budget_in_bytes_is_capped_by_what_max_num_seqs_can_use(mistral_dir):
-    core = EngineCore(EngineConfig(model=str(mistral_dir), max_num_seqs=4))  # default 2 GiB budget
+    core = EngineCore(EngineConfig(model=str(mistral_dir), max_num_seqs=4, **DEVICE))  # default 2 GiB budget
     assert core.block_manager.num_blocks == 4 * core.max_blocks_per_seq(core.max_model_len)
     per_block = core.model_config.kv_bytes_per_token * core.config.block_size
-    small = EngineCore(EngineConfig(model=str(mistral_dir), kv_cache_bytes=10 * per_block + 1))
+    small = EngineCore(EngineConfig(model=str(mistral_dir), kv_cache_bytes=10 * per_block + 1, **DEVICE))
     assert small.block_manager.num_blocks == 10
 
 

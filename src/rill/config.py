@@ -37,6 +37,9 @@ class EngineConfig:
     encoder_cache_tokens: int | None = None
     # ranks the model is split over (rill.distributed): processes on one machine, one GPU each on CUDA
     tensor_parallel_size: int = 1
+    # capture the decoder as CUDA graphs for decode steps of up to max_num_seqs (at most 512)
+    # sequences (engine/cuda_graphs.py); CUDA only, one process
+    cuda_graphs: bool = False
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -44,3 +47,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.cuda_graphs and not str(self.device).startswith("cuda"):
+            raise ValueError(f"cuda_graphs needs a CUDA device, got device {self.device!r}")
+        if self.cuda_graphs and self.tensor_parallel_size > 1:
+            raise ValueError("cuda_graphs runs in one process: not with tensor_parallel_size > 1")

@@ -41,6 +41,12 @@ RANDOM_MODELS: dict[str, dict] = {
         architecture="qwen2", vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=8192, tie_word_embeddings=True,
     ),
+    # Issue 32's GPU comparison: Qwen2-0.5B's shapes (494M parameters, 151,936-token vocabulary; the
+    # tokenizer is trained to at most 32k of them, prompts draw from those).
+    "random-qwen2-0.5b": dict(
+        architecture="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
+    ),
 }
 _MODEL_FORMAT = 1  # bump when the way models are made changes; old cached directories are ignored
 
@@ -183,7 +189,7 @@ def _write_model_dir(path: Path, shape: dict, seed: int) -> None:
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if shape.pop("architecture", "llama") == "qwen2" \
         else (LlamaConfig, LlamaForCausalLM)
 
-    tokenizer = _train_tokenizer(shape["vocab_size"], seed)
+    tokenizer = _train_tokenizer(min(shape["vocab_size"], 32000), seed)
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",

@@ -40,6 +40,10 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--vocab-size", type=int, default=None, help=f"prompt token ids are drawn below this (default {DEFAULT_VOCAB})")
     p.add_argument("--timeout", type=float, default=600.0, help="give up on one level after this many seconds")
+    p.add_argument("--device", default="cpu", help="the in-process server's device: cpu | cuda (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the in-process server's dtype (default float32)")
+    p.add_argument("--cuda-graphs", action="store_true", help="the in-process server replays decode from CUDA graphs")
 
 
 # -- one client ----------------------------------------------------------------------------------
@@ -134,7 +138,8 @@ async def bench(args, levels: list[int]) -> dict:
     from rill.transports.http import ServerConfig
 
     name = args.model or DEFAULT_MODEL
-    config = EngineConfig(model=resolve_model(name, args.cache_dir, args.seed), dtype="float32", seed=args.seed)
+    config = EngineConfig(model=resolve_model(name, args.cache_dir, args.seed), dtype=args.dtype, seed=args.seed,
+                          device=args.device, cuda_graphs=args.cuda_graphs)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(
@@ -174,7 +179,8 @@ def run(args) -> dict:
         "benchmark": NAME,
         "config": {"concurrency": levels, "requests_per_client": args.requests_per_client,
                    "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-                   "model": args.model or (None if args.url else DEFAULT_MODEL), "seed": args.seed},
+                   "model": args.model or (None if args.url else DEFAULT_MODEL), "seed": args.seed,
+                   "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs},
         **result,
     }
 

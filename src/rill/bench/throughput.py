@@ -50,6 +50,10 @@ def add_arguments(p) -> None:
     p.add_argument("--skip-hf", action="store_true", help="run rill only")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="rill's KV budget in GiB (default 2)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="rill's max running requests (default 256)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (both sides; default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="both sides' weights and activations (default float32)")
+    p.add_argument("--cuda-graphs", action="store_true", help="rill replays decode steps from CUDA graphs")
     llamacpp.add_arguments(p)
 
 
@@ -71,8 +75,9 @@ def run_rill(model: str, workload: list[Request], args) -> dict:
     from rill.config import EngineConfig
     from rill.engine.core import EngineCore
 
-    config = EngineConfig(model=model, dtype="float32", kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
-                          max_num_seqs=args.max_num_seqs, seed=args.seed)
+    config = EngineConfig(model=model, dtype=args.dtype, device=args.device,
+                          kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=args.max_num_seqs,
+                          seed=args.seed, cuda_graphs=args.cuda_graphs)
     core = EngineCore(config)
     for r in workload:
         core.check_fits(len(r.prompt_token_ids), r.max_tokens)
@@ -122,7 +127,7 @@ def run_hf(model_dir: str, workload: list[Request], args) -> dict:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     pad_id = 0
     batches = [workload[i:i + args.hf_batch_size] for i in range(0, len(workload), args.hf_batch_size)]
     _hf_generate(model, [Request(workload[0].prompt_token_ids[:8], 4)], pad_id)  # warm-up, not timed
@@ -131,6 +136,8 @@ def run_hf(model_dir: str, workload: list[Request], args) -> dict:
     for batch in progress(batches, desc="hf batches", disable=args.no_progress):
         generated += _hf_generate(model, batch, pad_id)
         useful += sum(r.max_tokens for r in batch)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     del model
     gc.collect()
@@ -150,6 +157,7 @@ def _hf_generate(model, batch: list[Request], pad_id: int) -> int:
         n = len(r.prompt_token_ids)
         ids[row, width - n:] = torch.tensor(r.prompt_token_ids)
         mask[row, width - n:] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                              eos_token_id=None, pad_token_id=pad_id)
@@ -173,7 +181,7 @@ def run(args) -> dict:
         "benchmark": NAME,
         "config": {k: getattr(args, k) for k in ("model", "num_requests", "seed", "min_prompt", "max_prompt",
                                                  "min_output", "max_output", "hf_batch_size", "kv_cache_gb",
-                                                 "max_num_seqs")},
+                                                 "max_num_seqs", "device", "dtype", "cuda_graphs")},
         "workload": {"num_requests": len(workload),
                      "prompt_tokens": sum(len(r.prompt_token_ids) for r in workload),
                      "output_tokens": sum(r.max_tokens for r in workload)},

@@ -4,6 +4,7 @@ tests and the offline LLM can drive it directly."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import msgspec
@@ -11,6 +12,7 @@ import torch
 
 from rill.config import EngineConfig, default_kv_cache_bytes
 from rill.engine.block_manager import BlockManager
+from rill.engine.cuda_graphs import MAX_GRAPH_BATCH
 from rill.engine.kv_layout import KVLayout
 from rill.engine.live_sessions import LiveSessions
 from rill.engine.model_runner import ModelRunner
@@ -27,6 +29,8 @@ from rill.outputs import RequestDelta, TokenLogprob
 from rill.sampling_params import SamplingParams
 from rill.tokenizer import Detokenizer, Tokenizer
 from rill.tokenizer.piece_index import piece_index
+
+log = logging.getLogger("rill.engine")
 
 
 class EngineCore:
@@ -60,6 +64,11 @@ class EngineCore:
             self.mm_inputs, self.scheduler.vision = start_vision(self.model_dir, cfg, model, config)
         if config.tensor_parallel_size > 1:
             model.allocate_kv(num_blocks, config.block_size)  # the other ranks' shares: same block ids
+        if config.cuda_graphs:
+            max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
+            seconds = self.runner.capture_decode_graphs(max_batch, -(-self.max_model_len // config.block_size) + 1)
+            log.info("captured decode CUDA graphs for %d batch sizes up to %d in %.1f s",
+                     len(self.runner.graphs.sizes), max_batch, seconds)
         self.requests: dict[str, list[Sequence]] = {}
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next

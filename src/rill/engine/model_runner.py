@@ -7,6 +7,7 @@ import math
 import numpy as np
 import torch
 
+from rill.engine.cuda_graphs import DecodeGraphs
 from rill.engine.prompt_logprobs import MAX_ROWS_PER_PASS, PromptSpan, token_logprobs
 from rill.engine.sampler import SampledToken, Sampler
 from rill.engine.kv_layout import KVLayout
@@ -43,6 +44,17 @@ class ModelRunner:
         slots = [(zeroed_cache(shape, cfg.dtype, self.device), zeroed_cache(shape, cfg.dtype, self.device))
                  for _ in range(self.layout.layers_per_group)]
         self.kv_caches = [slots[j] for j in self.layout.layer_slot]
+        self.graphs: DecodeGraphs | None = None  # capture_decode_graphs (--cuda-graphs)
+
+    def capture_decode_graphs(self, max_batch: int, max_blocks: int) -> float:
+        """Capture the decoder for decode steps of up to max_batch sequences whose block tables hold
+        up to max_blocks entries (engine/cuda_graphs.py); returns the seconds spent."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.layout, self.block_size, max_batch, max_blocks)
+        seconds = graphs.capture()
+        self.graphs = graphs
+        return seconds
 
     def _prepare(self, batch: ScheduledBatch):
         if self.layout.num_groups > 1:
@@ -108,6 +120,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, sampling: list[Sequence]) -> list[SampledToken]:
         """Run one step; return a sampled token for each sequence in `sampling` (a subset of batch)."""
+        if self.graphs is not None and batch.mm is None and all(n == 1 for n in batch.num_new_tokens) \
+                and self.graphs.fits(batch.seqs):
+            hidden = self.graphs.run(batch.seqs)  # a decode step: replay its captured graph
+            return self._sample(hidden, list(range(len(batch.seqs) + 1)), batch, sampling)
         ids, pos, meta, starts = self._prepare(batch)
         with decode_step(meta.max_query_len == 1):  # every sequence adds one token (models/linear.py)
             hidden = self._forward(batch, ids, pos, meta)

@@ -58,7 +58,7 @@ class Attention(nn.Module):
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, self.scale, self.window,
-            softcap=self.softcap,
+            max_query_len=meta.max_query_len, softcap=self.softcap,  # known on the host: no device sync
         )
         return self.o_proj(out.flatten(1))
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 32 on a lent CUDA GPU, one call per phase (the device tool; BENCHMARKS.md "GPU figures").
+#
+#   bash bench-results/gpu-run.sh 1   correctness (kernels, parity at realistic width, engine eager and
+#                                     with CUDA graphs), the kernel benchmark, throughput against transformers
+#   bash bench-results/gpu-run.sh 2   what phase 1 did not finish: serve at 64 and 256 clients, the kernel
+#                                     sweeps, the failing tests again
+#
+# The machine has torch, triton and transformers but not rill's other dependencies: they travel as
+# wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into
+# /tmp/site with kernels/ and transports/ in place. Every step has its own time limit; logs and JSON go
+# to $OUT/results.tar.gz and a summary is printed last.
+set -u
+PHASE=${1:-1}
+OUT=${OUT:-/tmp/gpu-out}
+R=/tmp/gpu-results
+mkdir -p "$R" "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+export RILL_BENCH_CACHE=/tmp/rill-bench-cache
+T0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - T0))s] $*"; }
+DEADLINE=$((T0 + ${BUDGET:-420}))  # seconds for the whole call; steps are cut to fit, or skipped
+step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, note the exit status
+    local name=$1 secs=$2 left=$((DEADLINE - $(date +%s) - 15))
+    shift 2
+    [ "$left" -lt "$secs" ] && secs=$left
+    if [ "$secs" -lt 10 ]; then echo "$name skipped: out of time" >>"$R/status.txt"; return; fi
+    stamp "start $name"
+    timeout -k 5 "$secs" "$@" >"$R/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc ($(($(date +%s) - T0))s)" >>"$R/status.txt"
+    stamp "end $name rc=$rc"
+}
+finish() {
+    tar -czf "$OUT/results.tar.gz" -C "$R" . 2>/dev/null
+    echo "== status"; cat "$R/status.txt"
+    for f in "$R"/*.log; do
+        echo "== $(basename "$f") (tail)"
+        grep -E "passed|failed|error|Error|FAILED|rc=|tok|speedup|GB/s|%copy" "$f" | tail -n 12
+    done
+    [ -f "$R/table.txt" ] && cat "$R/table.txt"
+}
+trap finish EXIT
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+mkdir -p /tmp/site/rill && cp -r src/rill/. /tmp/site/rill/ && cp -r kernels/. /tmp/site/rill/kernels/ \
+    && cp -r transports/. /tmp/site/rill/transports/
+export PYTHONPATH=/tmp/site
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
+    python3 -c "import rill, rill.kernels, rill.transports, rill.engine.core; print('rill imports ok')"
+} >"$R/env.log" 2>&1
+cat "$R/env.log"
+
+TPUT_ARGS=(--model random-qwen2-0.5b --device cuda --dtype bfloat16 --num-requests 256 --max-num-seqs 64
+           --hf-batch-size 64 --no-progress)
+PYTEST=(python3 -m pytest -q -p no:cacheprovider -o addopts= --timeout 300)
+
+if [ "$PHASE" = 1 ]; then
+    # correctness, in parallel (16 cores compile the Triton kernels; the GPU has room for all)
+    step kernels 200 "${PYTEST[@]}" tests/test_kernels.py -n 6 &
+    step parity 200 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 &
+    step engine 200 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_engine.py tests/test_cuda_graphs.py -n 3 &
+    step engine-graphs 200 env RILL_TEST_DEVICE=cuda RILL_TEST_CUDA_GRAPHS=1 "${PYTEST[@]}" tests/test_engine.py -n 2 &
+    step model 200 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))" &
+    wait
+    # timings, one at a time
+    step kbench 100 python3 kernels/bench.py --no-sweep --out "$R"
+    tail -n 16 "$R/kbench.log" >"$R/table.txt"
+    step tput-graphs 120 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --skip-hf --cuda-graphs --json "$R/tput-graphs.json"
+    step tput 200 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --json "$R/tput.json"
+else
+    step serve 200 python3 -m rill bench serve --model random-qwen2-0.5b --device cuda --dtype bfloat16 --cuda-graphs \
+        --concurrency 64,256 --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve.json"
+    step ksweep 200 python3 kernels/bench.py --out "$R"
+fi
