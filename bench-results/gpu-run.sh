@@ -72,7 +72,16 @@ if [ "$PHASE" = 1 ]; then
     step tput-graphs 120 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --skip-hf --cuda-graphs --json "$R/tput-graphs.json"
     step tput 200 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --json "$R/tput.json"
 else
-    step serve 200 python3 -m rill bench serve --model random-qwen2-0.5b --device cuda --dtype bfloat16 --cuda-graphs \
+    step kernels 150 "${PYTEST[@]}" tests/test_kernels.py -n 6 &
+    step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
+    step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_engine.py tests/test_cuda_graphs.py -n 3 &
+    step engine-graphs 150 env RILL_TEST_DEVICE=cuda RILL_TEST_CUDA_GRAPHS=1 "${PYTEST[@]}" tests/test_engine.py -n 2 &
+    step model 150 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))" &
+    wait
+    step serve 120 python3 -m rill bench serve --model random-qwen2-0.5b --device cuda --dtype bfloat16 --cuda-graphs \
         --concurrency 64,256 --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve.json"
-    step ksweep 200 python3 kernels/bench.py --out "$R"
+    step tput256-graphs 60 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --num-requests 512 --max-num-seqs 256 \
+        --skip-hf --cuda-graphs --json "$R/tput256-graphs.json"
+    step ksweep 130 python3 kernels/bench.py --out "$R"
+    tail -n 20 "$R/ksweep.log" >"$R/table.txt"
 fi

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)  # what a kernel may read: compiled Triton sees only constexpr globals
 # Tiles; bench.py sweeps alternatives on the GPU (see BENCHMARKS-GPU.md).
 DECODE_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 PREFILL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
@@ -72,7 +73,7 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 def _soft_cap(s, cap):
     # cap * tanh(s / cap), tanh from exp2 (the interpreter has no tanh): 1 - 2 / (e^2x + 1) is
     # exact at both ends (e^2x overflowing to inf gives 1, underflowing to 0 gives -1).
-    e = tl.exp2(s * (2.0 * LOG2E / cap))
+    e = tl.exp2(s * (2.0 * _LOG2E / cap))
     return cap * (1.0 - 2.0 / (e + 1.0))
 
 

@@ -194,7 +194,9 @@ def stream_session(core, rid, chunks, params=GREEDY, **kw):
 
 
 def test_session_answer_equals_the_whole_prompt_sent_at_once(mistral_dir):
-    p = prompts(1, seed=8, lo=100, hi=101)[0]
+    # seed 19: every greedy choice leads by >= 0.17 in logprob. Seed 8's sixth token was a tie to
+    # 2.4e-6, which a GPU's other summation order broke the other way (H200, 2026-11-26).
+    p = prompts(1, seed=19, lo=100, hi=101)[0]
     core = engine(mistral_dir)
     chunks = [p[i : i + 9] for i in range(0, len(p), 9)]
     assert stream_session(core, "s", chunks) == alone(mistral_dir, p)

@@ -69,14 +69,21 @@ class DecodeGraphs:
         Returns the seconds it took."""
         t0 = time.perf_counter()
         pool = None
+        # Warm-up and capture on one side stream: cuBLAS makes its workspace for a stream on first use,
+        # which must not happen inside a capture (CUBLAS_STATUS_EXECUTION_FAILED, seen on an H200 when
+        # a second engine captured in the same process).
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
         for n in reversed(self.sizes):
-            self._forward(n)  # compiles the Triton kernels for this shape and warms the allocator
-            torch.cuda.synchronize()
+            with torch.cuda.stream(stream):
+                self._forward(n)  # compiles the Triton kernels for this shape and warms the allocator
+            stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 self.outputs[n] = self._forward(n)
             pool = graph.pool()
             self.graphs[n] = graph
+        torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
