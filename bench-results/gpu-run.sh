@@ -71,6 +71,19 @@ if [ "$PHASE" = 1 ]; then
     tail -n 16 "$R/kbench.log" >"$R/table.txt"
     step tput-graphs 120 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --skip-hf --cuda-graphs --json "$R/tput-graphs.json"
     step tput 200 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --json "$R/tput.json"
+elif [ "$PHASE" = 3 ]; then
+    step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
+    step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_cuda_graphs.py -n 4 &
+    step model 150 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))" &
+    wait
+    for mode in graphs eager; do
+        flag=$([ $mode = graphs ] && echo --cuda-graphs)
+        step serve-$mode 100 python3 -m rill bench serve --model random-qwen2-0.5b --device cuda --dtype bfloat16 $flag \
+            --concurrency 64,256 --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress \
+            --json "$R/serve-$mode.json"
+    done
+    : >"$R/table.txt"
+    for mode in graphs eager; do tail -n 4 "$R/serve-$mode.log" >>"$R/table.txt"; done
 else
     step kernels 150 "${PYTEST[@]}" tests/test_kernels.py -n 6 &
     step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &

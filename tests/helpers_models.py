@@ -116,10 +116,10 @@ def hf_logits(model_dir: Path, ids: list[int], dtype: torch.dtype = torch.float3
     return hf_forward(hf_model(model_dir, dtype), ids)
 
 
-def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
+def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32, **kw):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kw).eval()
 
 
 def hf_forward(model, ids: list[int]) -> torch.Tensor:

@@ -53,7 +53,10 @@ def test_realistic_width_on_cuda_is_as_close_to_float32_as_transformers(arch, tm
     rng = random.Random(0)
     vocab = load_model_config(d).vocab_size
     ids = [rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)]
-    ref = hf_forward(hf_model(d).to("cuda"), ids)
+    # Gemma 2 through eager attention: transformers 5.17 (the GPU machine's) defaults it to SDPA, which
+    # drops the attention soft cap (0.58 off rill and eager at this width); later versions refuse SDPA.
+    hf_kw = {"attn_implementation": "eager"} if arch == "gemma2" else {}
+    ref = hf_forward(hf_model(d, **hf_kw).to("cuda"), ids)
     torch.cuda.empty_cache()
     row = {"test": "parity", "arch": arch, "tokens": PROMPT_TOKENS, "gpu": torch.cuda.get_device_name()}
     fp32 = relative_error(rill_forward(load(d, device="cuda")[3], ids), ref)
@@ -61,7 +64,7 @@ def test_realistic_width_on_cuda_is_as_close_to_float32_as_transformers(arch, tm
     for dtype in (torch.bfloat16, torch.float16):
         name = str(dtype).removeprefix("torch.")
         ours = rill_forward(load(d, dtype=name, device="cuda")[3], ids)
-        theirs = hf_forward(hf_model(d, dtype).to("cuda"), ids)
+        theirs = hf_forward(hf_model(d, dtype, **hf_kw).to("cuda"), ids)
         row[name] = {"rill": relative_error(ours, ref), "transformers": relative_error(theirs, ref)}
         torch.cuda.empty_cache()
     report(row)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import av
 import numpy as np
 import trio
 
@@ -98,6 +97,8 @@ class SegmentDecoder:
             self.done = True
 
     def _decode(self, token) -> None:
+        import av  # PyAV (FFmpeg) loads with the first live video, not with the server
+
         try:
             with av.open(self._pipe, mode="r", format=None, container_options={"format_whitelist": FORMATS}) as c:
                 if not c.streams.video:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import math
 
-import av
 import msgspec
 import numpy as np
 
@@ -95,6 +94,8 @@ def sample_times(duration_s: float, fps: float, max_frames: int) -> tuple[list[f
 
 
 def _guarded(work, param: str | None):
+    import av  # PyAV (FFmpeg) loads with the first video, not with the server
+
     try:
         return work()
     except VideoError:
@@ -108,10 +109,14 @@ def _guarded(work, param: str | None):
 
 
 def _open(data: bytes):
+    import av
+
     return av.open(io.BytesIO(data), mode="r", container_options=_OPTIONS)
 
 
 def _probe(data: bytes, policy: MediaPolicy, param: str | None) -> _Probe:
+    import av
+
     try:
         container = _open(data)
     except av.error.FFmpegError as exc:

@@ -103,7 +103,8 @@ class GemmaCausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         # sqrt(hidden) rounded to the weights' dtype first, as transformers scales (sqrt(3072) is 55.5 in bf16)
         weight = self.embed_tokens.weight
-        scale = torch.tensor(self.config.hidden_size**0.5, device=weight.device).to(weight.dtype)
+        # (a host number, not a tensor copied to the device: a captured CUDA graph allows no such copy)
+        scale = float(torch.tensor(self.config.hidden_size**0.5).to(weight.dtype))
         return self.embed_tokens(input_ids) * scale
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
