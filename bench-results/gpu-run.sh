@@ -71,6 +71,20 @@ if [ "$PHASE" = 1 ]; then
     tail -n 16 "$R/kbench.log" >"$R/table.txt"
     step tput-graphs 120 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --skip-hf --cuda-graphs --json "$R/tput-graphs.json"
     step tput 200 python3 -m rill bench throughput "${TPUT_ARGS[@]}" --json "$R/tput.json"
+elif [ "$PHASE" = 4 ]; then
+    # the server in a process of its own, so that its log is kept; rill's own h11/httpx/anyio versions
+    { ulimit -n; sysctl net.core.somaxconn 2>/dev/null; } >"$R/limits.log" 2>&1
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))"
+    MODEL=$(tail -n 1 "$R/model.log")
+    python3 -m rill serve --model "$MODEL" --device cuda --dtype bfloat16 --cuda-graphs --host 127.0.0.1 --port 8765 \
+        --log-level info >"$R/server.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/v1/models >/dev/null && break; sleep 1; done
+    stamp "server up"
+    step serve-graphs 110 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 8,64,256 \
+        --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve-graphs.json"
+    kill "$SERVER"; wait "$SERVER"
+    tail -n 5 "$R/serve-graphs.log" >"$R/table.txt"
 elif [ "$PHASE" = 3 ]; then
     step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
     step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_cuda_graphs.py -n 4 &
