@@ -85,6 +85,16 @@ elif [ "$PHASE" = 4 ]; then
         --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve-graphs.json"
     kill "$SERVER"; wait "$SERVER"
     tail -n 5 "$R/serve-graphs.log" >"$R/table.txt"
+elif [ "$PHASE" = 5 ]; then
+    # why the in-process server of phase 3 reset its connections: the same run with rill's log on
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))"
+    step serve-inproc 90 python3 -c "
+import logging, sys
+logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+from rill.cli import main
+sys.exit(main(sys.argv[1:]))" bench serve --model random-qwen2-0.5b --device cuda --dtype bfloat16 \
+        --concurrency 64 --requests-per-client 1 --prompt-tokens 128 --max-tokens 16 --no-progress --json "$R/serve-inproc.json"
+    grep -v "^ *[|+]" "$R/serve-inproc.log" | grep -v "status=200" | tail -n 40 >"$R/table.txt"
 elif [ "$PHASE" = 3 ]; then
     step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
     step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_cuda_graphs.py -n 4 &
