@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 
 import httpx
 import pytest
@@ -195,3 +197,65 @@ async def test_headers_at_the_limit_pass_and_past_it_are_431(model_dir):
             assert (await _read_all(stream, 10)).startswith(b"HTTP/1.1 431")
             await stream.aclose()
         assert (await client.get("/health")).status_code == 200
+
+
+def _burst(port: int, n: int, hold_loop_s: float) -> list[bytes]:
+    """Open n connections at once while the server's event loop is held (a synchronous sleep in
+    it, as a busy loop would be), each sending one request; return every answer's first bytes."""
+    import socket
+    import threading
+    import time
+
+    socks: list[socket.socket] = []
+
+    def connect_all():
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=20)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            socks.append(s)
+
+    opener = threading.Thread(target=connect_all)
+    opener.start()
+    time.sleep(hold_loop_s)  # nothing is accepted meanwhile: the kernel's queue holds them
+    return socks, opener
+
+
+async def _answers(socks) -> list[bytes]:
+    def read(s):
+        data = b""
+        try:
+            while len(data) < 12:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:  # a reset: the queue was full
+            data = repr(exc).encode()
+        s.close()
+        return data[:12]
+
+    return [await trio.to_thread.run_sync(read, s) for s in socks]
+
+
+async def test_a_burst_of_connections_while_the_loop_is_busy_is_all_answered(model_dir):
+    """The accept queue (ServerConfig.backlog, default 2048) holds every connection made while the
+    event loop is busy; hypercorn's own default (100) made 256 clients connecting at once get resets."""
+    async with running_server(model_dir) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        socks, opener = _burst(port, 300, 1.0)
+        await trio.to_thread.run_sync(opener.join, 30)
+        assert len(socks) == 300
+        answers = await _answers(socks)
+        assert answers == [b"HTTP/1.1 200"] * 300, sorted(set(answers))
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs iproute2's ss to read a listening socket's queue")
+@pytest.mark.parametrize("backlog", [None, 64])
+async def test_the_listen_queue_is_the_configured_backlog(model_dir, backlog):
+    somaxconn = int(open("/proc/sys/net/core/somaxconn").read())
+    want = min(2048 if backlog is None else backlog, somaxconn)
+    server_config = ServerConfig() if backlog is None else ServerConfig(backlog=backlog)
+    async with running_server(model_dir, server_config) as server:
+        port = server.url.rsplit(":", 1)[1]
+        listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+        assert [int(line.split()[2]) for line in listing.stdout.splitlines()] == [want], listing.stdout

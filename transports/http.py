@@ -81,6 +81,10 @@ class ServerConfig:
     body_timeout_s: float = 60.0
     max_header_bytes: int = 16 << 10
     read_timeout_s: float | None = None
+    # Connections the kernel may hold for the accept loop: hypercorn's default of 100 made 256 clients
+    # connecting at once get resets (the handshake's last ACK dropped while the queue was full, the
+    # request then refused); 2048 is uvicorn's default. Linux caps it at net.core.somaxconn.
+    backlog: int = 2048
     streaming_input: StreamingInputConfig = field(default_factory=StreamingInputConfig)  # Mode A and B
     max_audio_bytes: int = 25 * 1000 * 1000  # /v1/audio/transcriptions' file limit, OpenAI's 25 MB
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)  # stored and background responses
@@ -109,6 +113,7 @@ class ServerConfig:
             body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
             max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
+            backlog=int(env("RILL_BACKLOG", 2048)),
             max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
             responses=ResponsesConfig.from_env(),
             media=MediaPolicy.from_env(),

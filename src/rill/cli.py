@@ -95,7 +95,7 @@ def _cmd_serve(args) -> int:
         streaming_input=streaming_input_config.from_args(args), replica_id=args.replica_id,
         realtime=realtime_config(args),
         keep_alive_timeout_s=args.keep_alive_timeout_s, body_timeout_s=args.body_timeout_s,
-        max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s,
+        max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s, backlog=args.backlog,
         max_audio_bytes=args.max_audio_bytes, responses=responses_config.from_args(args),
         media=media_policy.from_args(args),
         limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
@@ -144,6 +144,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest file /v1/audio/transcriptions accepts (413 past it; default 25 MB as OpenAI's)")
     p.add_argument("--keep-alive-timeout-s", type=float, default=_env("KEEP_ALIVE_TIMEOUT_S", 5.0, float),
                    help="close a connection idle this long, or whose request headers take longer")
+    p.add_argument("--backlog", type=int, default=_env("BACKLOG", 2048, int),
+                   help="connections waiting to be accepted (default 2048; the kernel caps it at net.core.somaxconn)")
     p.add_argument("--body-timeout-s", type=float, default=_env("BODY_TIMEOUT_S", 60.0, float),
                    help="a JSON body must arrive within this (408)")
     p.add_argument("--max-header-bytes", type=int, default=_env("MAX_HEADER_BYTES", 16 << 10, int),

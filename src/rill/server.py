@@ -37,6 +37,7 @@ def hypercorn_config(host: str, port: int, grace_s: float, server: ServerConfig 
     config.keep_alive_timeout = server.keep_alive_timeout_s  # also bounds the wait for a request's headers
     config.read_timeout = server.read_timeout_s
     config.h11_max_incomplete_size = server.max_header_bytes
+    config.backlog = server.backlog
     config.websocket_ping_interval = server.realtime.ping_interval_s  # /v1/realtime keepalive
     config.accesslog = None  # rill logs one line per request itself
     config.errorlog = logging.getLogger("hypercorn.error")  # through the app's logging setup, once
