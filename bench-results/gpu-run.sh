@@ -5,6 +5,8 @@
 #                                     with CUDA graphs), the kernel benchmark, throughput against transformers
 #   bash bench-results/gpu-run.sh 2   what phase 1 did not finish: serve at 64 and 256 clients, the kernel
 #                                     sweeps, the failing tests again
+#   3, 4, 5                           Gemma's fixes again; serve in its own process; the in-process serve's log
+#   bash bench-results/gpu-run.sh 6   speech (rill bench transcribe) and vision (rill bench vision) on CUDA
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
 # wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into
@@ -95,6 +97,15 @@ from rill.cli import main
 sys.exit(main(sys.argv[1:]))" bench serve --model random-qwen2-0.5b --device cuda --dtype bfloat16 \
         --concurrency 64 --requests-per-client 1 --prompt-tokens 128 --max-tokens 16 --no-progress --json "$R/serve-inproc.json"
     grep -v "^ *[|+]" "$R/serve-inproc.log" | grep -v "status=200" | tail -n 40 >"$R/table.txt"
+elif [ "$PHASE" = 6 ]; then
+    # speech and vision on CUDA. .gpu-carry/ (carry it) holds a Whisper-shaped speech model and the audio set,
+    # made on a machine with espeak-ng: `rill bench transcribe --model M --n 64 --cache-dir .gpu-carry/bench-cache`
+    step transcribe 150 python3 -m rill bench transcribe --model .gpu-carry/speech-model --n 64 --concurrency 16 \
+        --cache-dir .gpu-carry/bench-cache --device cuda --dtype float32 --no-progress --json "$R/transcribe.json"
+    step vision 150 python3 -m rill bench vision --device cuda --dtype bfloat16 --skip-http --no-progress \
+        --json "$R/vision.json"
+    : >"$R/table.txt"
+    for f in transcribe vision; do tail -n 12 "$R/$f.log" >>"$R/table.txt"; done
 elif [ "$PHASE" = 3 ]; then
     step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
     step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_cuda_graphs.py -n 4 &

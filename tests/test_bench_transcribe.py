@@ -87,3 +87,11 @@ def test_transcribe_bench_runs_faster_whisper_on_a_thirty_second_window(tmp_path
     for name in ("faster_whisper", "ctranslate2"):
         assert_side_ran(result["sides"][name])
     assert set(result["speedups"]["rill_vs_faster_whisper"]) == set(MODES)
+
+
+def test_transcribe_bench_takes_a_dtype_for_both_in_process_sides(tmp_path, five_second_model):
+    """--dtype (and --device, for a GPU) reach rill's core and transformers; bfloat16 on the CPU here."""
+    result = run_bench(tmp_path, five_second_model, "--skip-http", "--skip-faster-whisper", "--dtype", "bfloat16")
+    assert result["config"]["dtype"] == "bfloat16" and result["config"]["device"] == "cpu"
+    for name in ("rill", "transformers"):
+        assert_side_ran(result["sides"][name])

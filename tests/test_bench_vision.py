@@ -93,3 +93,15 @@ def test_picture_sets_share_no_picture_so_no_cache_serves_one():
 def test_a_model_directory_without_config_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no model at"):
         vision_set.resolve_model(str(tmp_path), tmp_path / "cache", 0)
+
+
+def test_vision_bench_takes_a_dtype_for_every_side(tmp_path):
+    """--dtype (and --device, for a GPU) reach rill's engine, its vision tower and transformers:
+    bfloat16 on the CPU here. Greedy answers may part in bfloat16, so only that every side answered."""
+    model = make_vl_model_dir(tmp_path / "qwen2_5_vl", "qwen2_5_vl")
+    result = run_bench(tmp_path, "--model", str(model), "--skip-http", "--dtype", "bfloat16")
+    assert result["config"]["dtype"] == "bfloat16" and result["config"]["device"] == "cpu"
+    for name in ("rill", "transformers"):
+        for mode in MODES:
+            assert result["sides"][name][mode]["requests"] == N
+    assert result["encoder"]["max_abs_diff"] == result["encoder"]["max_abs_diff"]  # compared, and not NaN

@@ -46,6 +46,10 @@ def add_arguments(p) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="concurrent requests / batch size (default %(default)s)")
     p.add_argument("--language", default="en", help="for multilingual models (default %(default)s)")
     p.add_argument("--skip-http", action="store_true", help="no rill serve side")
+    p.add_argument("--device", default="cpu", help="rill's and transformers' device: cpu | cuda (default cpu; the "
+                   "HTTP and CTranslate2 sides run on the CPU only and are skipped elsewhere)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="rill's and transformers' weights (default float32)")
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--skip-faster-whisper", action="store_true", help="no faster-whisper and no ctranslate2 side")
 
@@ -72,7 +76,7 @@ def run_rill(model_dir: Path, clips: list[Clip], args, language: str | None) -> 
     from rill.speech.core import SpeechCore
     from rill.speech.decoding import TranscribeParams
 
-    core = SpeechCore(str(model_dir), max_batch=args.concurrency)
+    core = SpeechCore(str(model_dir), max_batch=args.concurrency, device=args.device, dtype=_dtype(args))
     params = TranscribeParams(language=language)
     ids = (f"bench-{i}" for i in itertools.count())
     _drain(core, [clips[0]], params, ids, None)  # warm-up, not timed
@@ -188,7 +192,7 @@ def run_transformers(model_dir: Path, clips: list[Clip], args, language: str | N
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=_dtype(args)).to(args.device).eval()
     extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     kwargs = {"language": language, "task": "transcribe"} if language else {}
@@ -196,7 +200,7 @@ def run_transformers(model_dir: Path, clips: list[Clip], args, language: str | N
     def transcribe(batch: list[Clip]) -> list[str]:
         features = extractor([c.audio for c in batch], sampling_rate=16_000, return_tensors="pt").input_features
         with torch.inference_mode():
-            out = model.generate(features, return_timestamps=False, **kwargs)
+            out = model.generate(features.to(model.device, model.dtype), return_timestamps=False, **kwargs)
         return [t.strip() for t in tokenizer.batch_decode(out, skip_special_tokens=True)]
 
     transcribe(clips[:1])  # warm-up, not timed
@@ -208,6 +212,12 @@ def run_transformers(model_dir: Path, clips: list[Clip], args, language: str | N
             texts += transcribe(clips[start : start + size])
         out[mode] = score(clips, texts, time.perf_counter() - t0) | {"batch_size": size}
     return out
+
+
+def _dtype(args):
+    import torch
+
+    return getattr(torch, args.dtype)
 
 
 # -- CTranslate2 ---------------------------------------------------------------------------------
@@ -247,11 +257,14 @@ def run(args) -> dict:
     clips = load_audio_set(root, args.seed, args.n, window_s, disable_progress=args.no_progress)
     sides: dict[str, dict] = {"rill": run_rill(model_dir, clips, args, language)}
     skipped = _na("skipped")
-    sides["rill_http"] = skipped if args.skip_http else run_rill_http(model_dir, clips, args, language)
+    cpu_only = _na(f"runs on the CPU only, not on --device {args.device}")
+    on_cpu = args.device == "cpu"
+    sides["rill_http"] = skipped if args.skip_http else cpu_only if not on_cpu else run_rill_http(
+        model_dir, clips, args, language)
     sides["transformers"] = skipped if args.skip_transformers else run_transformers(model_dir, clips, args, language)
     conversion = {}
-    if args.skip_faster_whisper:
-        sides["faster_whisper"] = sides["ctranslate2"] = skipped
+    if args.skip_faster_whisper or not on_cpu:
+        sides["faster_whisper"] = sides["ctranslate2"] = skipped if args.skip_faster_whisper else cpu_only
     else:
         sides["faster_whisper"], sides["ctranslate2"], conversion = run_ctranslate2_sides(model_dir, clips, args,
                                                                                           language)
@@ -259,7 +272,7 @@ def run(args) -> dict:
     return {
         "benchmark": NAME,
         "config": {"model": args.model, "model_dir": str(model_dir), "n": args.n, "concurrency": args.concurrency,
-                   "language": language, "seed": args.seed},
+                   "language": language, "seed": args.seed, "device": args.device, "dtype": args.dtype},
         "audio": {"num_clips": len(clips), "audio_seconds": sum(c.seconds for c in clips),
                   "reference_words": sum(c.num_words for c in clips), "window_s": window_s,
                   "directory": str(clips[0].path.parent), "references": [c.text for c in clips]},

@@ -49,6 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=1, help="run every side this many times in turn, new pictures "
                    "each round, and keep each side's fastest round (on a busy machine) (default %(default)s)")
     p.add_argument("--skip-http", action="store_true", help="no rill serve side")
+    p.add_argument("--device", default="cpu", help="every side's device: cpu | cuda (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="every side's weights (default float32)")
 
 
 # -- the vision encoder alone --------------------------------------------------------------------
@@ -63,8 +66,9 @@ def run_encoder(rill_model, mm_inputs, hf, batch: list[Picture], args) -> dict:
     grids = [list(it.grid_thw) for it in items]
     diff = _max_abs_diff(rill_model, hf, pixels[:1], grids[:1])
     sides = {
-        "rill": lambda x, g: rill_model.encode(x, [tuple(t) for t in g]),
-        "transformers": lambda x, g: hf.model.get_image_features(x, torch.tensor(g)).pooler_output,
+        "rill": lambda x, g: rill_model.encode(_like(x, rill_model), [tuple(t) for t in g]),
+        "transformers": lambda x, g: hf.model.get_image_features(
+            _like(x, hf.model), torch.tensor(g, device=hf.model.device)).pooler_output,
     }
     out = {}
     for name, encode in sides.items():
@@ -92,9 +96,16 @@ def _max_abs_diff(rill_model, hf, pixels: list, grids: list) -> float:
     import torch
 
     with torch.inference_mode():
-        ours = rill_model.encode(pixels[0], [tuple(grids[0])])
-        theirs = torch.cat(hf.model.get_image_features(pixels[0], torch.tensor(grids)).pooler_output)
-    return float((ours.float() - theirs.float()).abs().max())
+        ours = rill_model.encode(_like(pixels[0], rill_model), [tuple(grids[0])])
+        theirs = torch.cat(hf.model.get_image_features(_like(pixels[0], hf.model),
+                                                       torch.tensor(grids, device=hf.model.device)).pooler_output)
+    return float((ours.float() - theirs.float().to(ours.device)).abs().max())
+
+
+def _like(pixels, model):
+    """Pixel values on a model's device, in its dtype."""
+    weight = next(model.parameters())
+    return pixels.to(weight.device, weight.dtype)
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -115,8 +126,8 @@ def run(args) -> dict:
     if note:
         print(f"note: {note}", flush=True)
     rounds = picture_sets(args.seed, args.n, args.rounds)
-    hf = vision_sides.TransformersVL(model_dir)
-    engine = vision_sides.RillEngine(model_dir, args.max_tokens, args.concurrency, args.seed)
+    hf = vision_sides.TransformersVL(model_dir, args.device, args.dtype)
+    engine = vision_sides.RillEngine(model_dir, args.max_tokens, args.concurrency, args.seed, args.device, args.dtype)
     runs: dict[str, list] = {name: [] for name in ("encoder", *SIDES)}
     for i, sets in enumerate(rounds):
         if args.rounds > 1:
@@ -135,7 +146,7 @@ def run(args) -> dict:
         "benchmark": NAME,
         "config": {"model": args.model, "model_dir": str(model_dir), "random_weights": note is not None,
                    "note": note, "n": args.n, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                   "rounds": args.rounds, "seed": args.seed,
+                   "rounds": args.rounds, "seed": args.seed, "device": args.device, "dtype": args.dtype,
                    "picture_sizes": sorted({p.image().size for p in rounds[0]["concurrent"]})},
         "target_speedup": TARGET_SPEEDUP,
         "encoder": encoder,

@@ -37,12 +37,14 @@ def _score(texts: list[str], latencies: list[float], seconds: float) -> dict:
 
 
 class RillEngine:
-    def __init__(self, model_dir: Path, max_tokens: int, clients: int, seed: int) -> None:
+    def __init__(self, model_dir: Path, max_tokens: int, clients: int, seed: int, device: str = "cpu",
+                 dtype: str = "float32") -> None:
         from rill.config import EngineConfig
         from rill.engine.core import EngineCore
         from rill.sampling_params import SamplingParams
 
-        self.core = EngineCore(EngineConfig(model=str(model_dir), dtype="float32", max_num_seqs=clients, seed=seed))
+        self.core = EngineCore(EngineConfig(model=str(model_dir), dtype=dtype, device=device, max_num_seqs=clients,
+                                            seed=seed))
         self.params = SamplingParams(temperature=0, max_tokens=max_tokens, min_tokens=max_tokens)
         self.ids = (f"bench-{i}" for i in itertools.count())
 
@@ -105,7 +107,7 @@ async def _serve_and_post(model_dir: Path, sets: dict, args) -> dict:
     from rill.server import serve
     from rill.transports.http import ServerConfig
 
-    config = EngineConfig(model=str(model_dir), dtype="float32", seed=args.seed)
+    config = EngineConfig(model=str(model_dir), dtype=args.dtype, device=args.device, seed=args.seed)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(
@@ -170,7 +172,7 @@ async def _clients(post, pictures: list[Picture], clients: int, bar) -> dict:
 class TransformersVL:
     """A Qwen2-VL-family model in transformers, with its tokenizer and image processor."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32") -> None:
         import torch
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -180,7 +182,7 @@ class TransformersVL:
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
-        self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
         self.merge = self.model.config.vision_config.spatial_merge_size
 
     def generate(self, pictures: list[Picture], max_tokens: int) -> list[str]:
@@ -196,10 +198,11 @@ class TransformersVL:
             ids[i, width - len(row):] = torch.tensor(row)
             mask[i, width - len(row):] = 1
         types = (ids == config.image_token_id).long()  # 1 marks image tokens (2 would be video)
+        dev = self.model.device
         with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, mm_token_type_ids=types,
-                                      pixel_values=processed["pixel_values"],
-                                      image_grid_thw=processed["image_grid_thw"],
+            out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), mm_token_type_ids=types.to(dev),
+                                      pixel_values=processed["pixel_values"].to(dev, self.model.dtype),
+                                      image_grid_thw=processed["image_grid_thw"].to(dev),
                                       max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
         return [self.tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
 
