@@ -208,3 +208,54 @@ async def test_worker_crash_fails_every_live_request_and_marks_the_engine_dead(m
         assert not engine.is_alive
         with pytest.raises(EngineDeadError):
             engine.submit("late", [5, 6, 7], GREEDY)
+
+
+# -- --stream-interval ------------------------------------------------------------------------------
+
+
+async def deltas_of(engine, ids, params):
+    return [delta async for delta in engine.generate(ids, params)]
+
+
+@pytest.mark.parametrize("interval", [1, 4, 30, 31])
+async def test_stream_interval_sends_the_first_token_then_groups_of_n_then_the_end(model_dir, interval):
+    """The limit: N=30 sends every token after the first in one group with the end; N past the
+    answer (31) is the same; N=1 is every step. The tokens are the core's, whatever N."""
+    params = SamplingParams(temperature=0, max_tokens=31, ignore_eos=True)
+    ids = prompts(1, seed=4)[0]
+    async with open_engine(config(model_dir, stream_interval=interval)) as engine:
+        got = await deltas_of(engine, ids, params)
+        await wait_for(lambda: not engine._held and not engine._streaming)
+    tokens = [t for d in got for t in d.token_ids]
+    assert tokens == offline(model_dir, ids, params)
+    sizes = [len(d.token_ids) for d in got]
+    first_text = next(i for i, d in enumerate(got) if d.text)  # tokens go one by one until text comes
+    assert sizes[: first_text + 1] == [1] * (first_text + 1) and got[-1].finish_reason == "length"
+    assert all(size >= interval for size in sizes[first_text + 1 : -1])  # then groups of N until the end
+    if interval == 1:
+        assert len(got) >= 31  # coalescing may merge steps trio was late for, never split them
+    else:
+        assert len(got) <= first_text + 1 + -(-(30 - first_text) // interval)
+
+
+async def test_stream_interval_keeps_n_samples_apart_and_forgets_an_aborted_request(model_dir):
+    params = SamplingParams(temperature=0.8, n=3, max_tokens=12, ignore_eos=True, seed=5)
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    async with open_engine(config(model_dir, stream_interval=5)) as engine:
+        per_index: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        for delta in await deltas_of(engine, prompts(1, seed=6)[0], params):
+            per_index[delta.index] += delta.token_ids
+        assert all(len(tokens) == 12 for tokens in per_index.values())
+        seen = 0
+        async for delta in engine.generate(prompts(1, seed=7)[0], long):
+            seen += len(delta.token_ids)
+            if seen >= 6:
+                break  # leaving aborts: nothing of it may stay held
+        bm = engine.core.block_manager
+        await wait_for(lambda: bm.num_free_blocks == bm.num_blocks and not engine.core.requests)
+        assert not engine._held and not engine._streaming
+
+
+def test_stream_interval_below_one_is_refused(model_dir):
+    with pytest.raises(ValueError, match="stream_interval"):
+        config(model_dir, stream_interval=0)

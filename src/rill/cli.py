@@ -27,6 +27,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=_env("CHAT_TEMPLATE"), help="file with a Jinja chat template")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=_env("TENSOR_PARALLEL_SIZE", 1, int),
                    help="split the model over this many processes (one GPU each on CUDA; gloo on CPU)")
+    p.add_argument("--stream-interval", type=int, default=_env("STREAM_INTERVAL", 1, int),
+                   help="send a stream's tokens once this many have gathered (the first at once; default 1)")
     p.add_argument("--cuda-graphs", action="store_true", default=bool(_env("CUDA_GRAPHS", "")),
                    help="replay decode steps from CUDA graphs captured at start (--device cuda)")
     p.add_argument("--max-num-encoder-tokens", type=int, default=_env("MAX_NUM_ENCODER_TOKENS", None, int),
@@ -50,6 +52,7 @@ def engine_config(args):
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_encoder_tokens=getattr(args, "max_num_encoder_tokens", None),
         cuda_graphs=getattr(args, "cuda_graphs", False),
+        stream_interval=getattr(args, "stream_interval", 1),
     )
 
 

@@ -53,7 +53,7 @@ def coalesce(deltas: list[RequestDelta]) -> list[RequestDelta]:
             out.append(delta)
             at = len(out) - 1
         else:
-            out[at] = delta = _merge(out[at], delta)
+            out[at] = delta = merge_deltas(out[at], delta)
         if delta.finish_reason is None and delta.turn_finish_reason is None and delta.error is None:
             open_at[key] = at
         else:
@@ -61,7 +61,8 @@ def coalesce(deltas: list[RequestDelta]) -> list[RequestDelta]:
     return out
 
 
-def _merge(first: RequestDelta, then: RequestDelta) -> RequestDelta:
+def merge_deltas(first: RequestDelta, then: RequestDelta) -> RequestDelta:
+    """One sequence's two consecutive deltas as one: `then`'s fields, both deltas' tokens, text and logprobs."""
     logprobs = None
     if first.logprobs is not None or then.logprobs is not None:
         logprobs = [*(first.logprobs or ()), *(then.logprobs or ())]

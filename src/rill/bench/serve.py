@@ -44,6 +44,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the in-process server's dtype (default float32)")
     p.add_argument("--cuda-graphs", action="store_true", help="the in-process server replays decode from CUDA graphs")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="the in-process server sends a stream's tokens in groups of this many (default 1)")
 
 
 # -- one client ----------------------------------------------------------------------------------
@@ -139,7 +141,7 @@ async def bench(args, levels: list[int]) -> dict:
 
     name = args.model or DEFAULT_MODEL
     config = EngineConfig(model=resolve_model(name, args.cache_dir, args.seed), dtype=args.dtype, seed=args.seed,
-                          device=args.device, cuda_graphs=args.cuda_graphs)
+                          device=args.device, cuda_graphs=args.cuda_graphs, stream_interval=args.stream_interval)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(
@@ -180,7 +182,8 @@ def run(args) -> dict:
         "config": {"concurrency": levels, "requests_per_client": args.requests_per_client,
                    "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                    "model": args.model or (None if args.url else DEFAULT_MODEL), "seed": args.seed,
-                   "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs},
+                   "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs,
+                   "stream_interval": args.stream_interval},
         **result,
     }
 

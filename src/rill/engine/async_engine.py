@@ -23,7 +23,7 @@ from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.engine.outbox import Outbox
 from rill.errors import EngineDeadError, RillError
-from rill.outputs import RequestDelta, coalesce
+from rill.outputs import RequestDelta, coalesce, merge_deltas
 from rill.sampling_params import SamplingParams
 
 # Request ids ("req-N") come from one counter for every engine in the process, so that with several
@@ -107,6 +107,10 @@ class AsyncEngine:
         self.num_deliveries = 0  # trio-side callbacks that delivered deltas
         self.num_delivered_steps = 0  # engine steps whose deltas they carried
         self._progress = trio.lowlevel.ParkingLot()  # tasks waiting for live sessions' input progress
+        # --stream-interval N (EngineConfig.stream_interval): tokens held back per sequence until N gather
+        self.stream_interval = core.config.stream_interval
+        self._held: dict[tuple[str, int], RequestDelta] = {}
+        self._streaming: set[tuple[str, int]] = set()  # sequences whose first token went out
 
     # -- trio side ----------------------------------------------------------------------------
 
@@ -176,6 +180,7 @@ class AsyncEngine:
         send = self._streams.pop(request_id, None)
         self._n.pop(request_id, None)
         self._done.pop(request_id, None)
+        self._forget_held(request_id)
         if send is not None:
             send.close()
         self._send(Abort(request_id))
@@ -210,6 +215,8 @@ class AsyncEngine:
         self.stats = stats
         if self._progress:
             self._progress.unpark_all()
+        if self.stream_interval > 1:
+            deltas = self._hold(deltas)
         for delta in deltas:
             send = self._streams.get(delta.request_id)
             if send is None:
@@ -223,6 +230,37 @@ class AsyncEngine:
                 self._streams.pop(delta.request_id).close()
                 self._n.pop(delta.request_id, None)
                 self._done.pop(delta.request_id, None)
+                self._forget_held(delta.request_id)
+
+    def _hold(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
+        """--stream-interval N: what goes out now. A sequence's tokens go at once until the first
+        that brings text (so that time to first token is untouched), then in groups of at least N, and whatever ends the request or its turn (or fails) at once,
+        with everything held before it. A delta without tokens passes unless tokens are held."""
+        out = []
+        for delta in deltas:
+            if delta.request_id not in self._streams:
+                continue  # aborted on this side already: nothing of it is kept
+            key = (delta.request_id, delta.index)
+            held = self._held.pop(key, None)
+            if held is not None:
+                delta = merge_deltas(held, delta)
+            ends = delta.finish_reason is not None or delta.turn_finish_reason is not None or delta.error is not None
+            if (ends or not delta.token_ids or key not in self._streaming
+                    or len(delta.token_ids) >= self.stream_interval):
+                out.append(delta)
+                if ends:
+                    self._streaming.discard(key)  # a session's next answer starts at once too
+                elif delta.text:  # a token whose text is not complete yet (part of a character) is not the first
+                    self._streaming.add(key)
+            else:
+                self._held[key] = delta
+        return out
+
+    def _forget_held(self, request_id: str) -> None:
+        if self._held or self._streaming:
+            for key in [k for k in (*self._held, *self._streaming) if k[0] == request_id]:
+                self._held.pop(key, None)
+                self._streaming.discard(key)
 
     def _all_done(self, delta: RequestDelta) -> bool:
         done = self._done.setdefault(delta.request_id, set())
@@ -230,6 +268,8 @@ class AsyncEngine:
         return len(done) >= self._n.get(delta.request_id, 1)
 
     def _fail_all(self, error: BaseException) -> None:
+        self._held.clear()
+        self._streaming.clear()
         self.dead = error
         self.died.set()
         self._progress.unpark_all()
