@@ -7,6 +7,7 @@
 #                                     sweeps, the failing tests again
 #   3, 4, 5                           Gemma's fixes again; serve in its own process; the in-process serve's log
 #   bash bench-results/gpu-run.sh 6   speech (rill bench transcribe) and vision (rill bench vision) on CUDA
+#   bash bench-results/gpu-run.sh 7   rill serve at 64 and 256 clients with --stream-interval 1, 4, 16
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
 # wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into
@@ -106,6 +107,21 @@ elif [ "$PHASE" = 6 ]; then
         --json "$R/vision.json"
     : >"$R/table.txt"
     for f in transcribe vision; do tail -n 12 "$R/$f.log" >>"$R/table.txt"; done
+elif [ "$PHASE" = 7 ]; then
+    # rill serve over HTTP at 256 clients with --stream-interval 1, 4 and 16 (the server was the limit at 1)
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))"
+    MODEL=$(tail -n 1 "$R/model.log")
+    : >"$R/table.txt"
+    for n in 1 4 16; do
+        python3 -m rill serve --model "$MODEL" --device cuda --dtype bfloat16 --cuda-graphs --stream-interval $n \
+            --host 127.0.0.1 --port 8765 --log-level warning >"$R/server-$n.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/v1/models >/dev/null && break; sleep 1; done
+        step serve-si$n 60 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 64,256 \
+            --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve-si$n.json"
+        kill "$SERVER"; wait "$SERVER"
+        echo "stream interval $n" >>"$R/table.txt"; tail -n 4 "$R/serve-si$n.log" >>"$R/table.txt"
+    done
 elif [ "$PHASE" = 3 ]; then
     step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
     step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_cuda_graphs.py -n 4 &
