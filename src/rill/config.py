@@ -40,9 +40,9 @@ class EngineConfig:
     # capture the decoder as CUDA graphs for decode steps of up to max_num_seqs (at most 512)
     # sequences (engine/cuda_graphs.py); CUDA only, one process
     cuda_graphs: bool = False
-    # a streamed sequence's tokens reach its reader once this many have gathered (its first token and
-    # its end at once), so a server with many streams and a fast model does per-token work N times less
-    # often (SGLang's and vLLM's --stream-interval); 1: every step's tokens at once
+    # a streamed sequence's tokens reach its reader once this many have gathered (at once until its
+    # first text, and its end at once), so a server with many streams and a fast model does per-event
+    # work N times less often (SGLang's and vLLM's --stream-interval); 1: every step's tokens at once
     stream_interval: int = 1
 
     def __post_init__(self):

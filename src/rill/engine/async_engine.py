@@ -110,7 +110,7 @@ class AsyncEngine:
         # --stream-interval N (EngineConfig.stream_interval): tokens held back per sequence until N gather
         self.stream_interval = core.config.stream_interval
         self._held: dict[tuple[str, int], RequestDelta] = {}
-        self._streaming: set[tuple[str, int]] = set()  # sequences whose first token went out
+        self._streaming: set[tuple[str, int]] = set()  # sequences whose first text went out
 
     # -- trio side ----------------------------------------------------------------------------
 
@@ -234,8 +234,9 @@ class AsyncEngine:
 
     def _hold(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
         """--stream-interval N: what goes out now. A sequence's tokens go at once until the first
-        that brings text (so that time to first token is untouched), then in groups of at least N, and whatever ends the request or its turn (or fails) at once,
-        with everything held before it. A delta without tokens passes unless tokens are held."""
+        that brings text (time to first token is untouched), then in groups of at least N; whatever
+        ends the request or its turn, or fails, goes at once with everything held before it. A delta
+        without tokens passes unless tokens are held."""
         out = []
         for delta in deltas:
             if delta.request_id not in self._streams:
@@ -250,7 +251,7 @@ class AsyncEngine:
                 out.append(delta)
                 if ends:
                     self._streaming.discard(key)  # a session's next answer starts at once too
-                elif delta.text:  # a token whose text is not complete yet (part of a character) is not the first
+                elif delta.text:  # a token that is part of a character brings no text yet: not the first
                     self._streaming.add(key)
             else:
                 self._held[key] = delta
