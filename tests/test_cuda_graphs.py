@@ -113,3 +113,17 @@ def test_greedy_tokens_with_cuda_graphs_equal_those_without(model_dir, n):
     core.runner.graphs.run = lambda seqs: (replays.append(len(seqs)), run(seqs))[1]
     assert generate(core, ps) == want
     assert replays  # decode steps did replay
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU"))])
+def test_the_start_up_warm_up_pass_leaves_the_engine_as_it_was(model_dir, device):
+    """ModelRunner.warm_up (run at start on CUDA, so that Triton compiles before the first request):
+    dummy prefills and decodes over free blocks; the answers afterwards are the same as without it."""
+    ps = prompts(3, seed=9)
+    kw = dict(model=str(model_dir), device=device, dtype="float32", num_kv_blocks=256, max_num_seqs=8)
+    want = generate(EngineCore(EngineConfig(**kw)), ps)
+    core = EngineCore(EngineConfig(**kw))
+    free = core.block_manager.num_free_blocks
+    assert core.runner.warm_up() >= 0
+    assert core.block_manager.num_free_blocks == free and not core.requests
+    assert generate(core, ps) == want

@@ -64,6 +64,8 @@ class EngineCore:
             self.mm_inputs, self.scheduler.vision = start_vision(self.model_dir, cfg, model, config)
         if config.tensor_parallel_size > 1:
             model.allocate_kv(num_blocks, config.block_size)  # the other ranks' shares: same block ids
+        if self.runner.device.type == "cuda" and config.tensor_parallel_size == 1 and cfg.vision is None:
+            log.info("compiled the attention kernels in %.1f s (a warm-up pass)", self.runner.warm_up())
         if config.cuda_graphs:
             max_batch = min(config.max_num_seqs, MAX_GRAPH_BATCH)
             seconds = self.runner.capture_decode_graphs(max_batch, -(-self.max_model_len // config.block_size) + 1)
