@@ -171,6 +171,20 @@ def sweep_configs(triton_attn, shape) -> dict:
     return results
 
 
+def sweep_prefill_configs(triton_attn, batch: int = 4, length: int = 4096) -> dict:
+    """Prefill tile configurations on the 4 x 4096 prompt (do_bench medians, us): the prefill kernel
+    ran at 0.72x flash attention on an H200 with the default tiles."""
+    saved, results = dict(triton_attn.PREFILL_CONFIG), {}
+    for block_m, block_n, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):
+        triton_attn.PREFILL_CONFIG.update(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+        try:
+            results[f"m{block_m}_n{block_n}_w{warps}_s{stages}"] = bench_prefill(triton_attn, batch, length)["triton_us"]
+        except Exception as exc:  # e.g. out of shared memory
+            results[f"m{block_m}_n{block_n}_w{warps}_s{stages}"] = repr(exc)[:80]
+    triton_attn.PREFILL_CONFIG.update(saved)
+    return results
+
+
 def bench_prefill(triton_attn, batch: int = 4, length: int = 4096) -> dict:
     """One full-prompt prefill for scale: 4 x 4096 tokens, causal, window 4096."""
     q = torch.randn(batch * length, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -217,6 +231,8 @@ def main() -> None:
     if not args.no_sweep:
         report["config_sweep"] = {f"b{b}_ctx{c}": sweep_configs(triton_attn, s) for (b, c), s in shapes.items()}
     report["prefill"] = bench_prefill(triton_attn)
+    if not args.no_sweep:
+        report["prefill_sweep"] = sweep_prefill_configs(triton_attn)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench.json").write_text(json.dumps(report, indent=1))
     print_table(report)
@@ -239,6 +255,9 @@ def print_table(report) -> None:
               f"{100 * gbs / copy:>5.1f}% {r['triton_graph_us']:>8.1f} {100 * gbs_graph / copy:>5.1f}% "
               f"{r['sdpa_us']:>8.1f} {r['sdpa_graph_us']:>10.1f} {r['sdpa_us'] / r['triton_us']:>6.2f}x "
               f"{best[0]!s:>4}:{best[1]:.1f}")
+    if "prefill_sweep" in report:
+        best = sorted((v, k) for k, v in report["prefill_sweep"].items() if isinstance(v, float))[:5]
+        print("prefill config sweep: " + ", ".join(f"{k} {v:.0f}us" for v, k in best))
     p = report["prefill"]
     print(f"prefill {p['batch']}x{p['length']} causal: triton {p['triton_us']:.0f} us ({p['triton_tflops']:.0f} TFLOP/s)"
           f", sdpa flash {p['sdpa_us']:.0f} us ({p['sdpa_tflops']:.0f} TFLOP/s), rel err {p['rel_err_vs_sdpa']:.1e}")
