@@ -127,3 +127,14 @@ def test_the_start_up_warm_up_pass_leaves_the_engine_as_it_was(model_dir, device
     assert core.runner.warm_up() >= 0
     assert core.block_manager.num_free_blocks == free and not core.requests
     assert generate(core, ps) == want
+
+
+def test_a_mixture_of_experts_model_refuses_cuda_graphs(tmp_path):
+    from helpers_families import make_family_dir
+
+    core = EngineCore(EngineConfig(model=str(make_family_dir(tmp_path, "mixtral")), num_kv_blocks=64))
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        core.runner.capture_decode_graphs(8, 16)
+    with pytest.raises(ValueError, match="CUDA device"):  # a dense model on the CPU: the device is the reason
+        EngineCore(EngineConfig(model=str(make_model_dir(tmp_path / "dense", "mistral")),
+                                num_kv_blocks=64)).runner.capture_decode_graphs(8, 16)

@@ -51,10 +51,10 @@ class ModelRunner:
     def capture_decode_graphs(self, max_batch: int, max_blocks: int) -> float:
         """Capture the decoder for decode steps of up to max_batch sequences whose block tables hold
         up to max_blocks entries (engine/cuda_graphs.py); returns the seconds spent."""
-        if self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
         if self.model.config.moe is not None:  # its expert routing reads counts on the host (models/moe.py)
             raise ValueError("CUDA graphs do not cover mixture-of-experts models yet; run without --cuda-graphs")
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
         graphs = DecodeGraphs(self.model, self.kv_caches, self.layout, self.block_size, max_batch, max_blocks)
         seconds = graphs.capture()
         self.graphs = graphs
