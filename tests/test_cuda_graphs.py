@@ -138,3 +138,9 @@ def test_a_mixture_of_experts_model_refuses_cuda_graphs(tmp_path):
     with pytest.raises(ValueError, match="CUDA device"):  # a dense model on the CPU: the device is the reason
         EngineCore(EngineConfig(model=str(make_model_dir(tmp_path / "dense", "mistral")),
                                 num_kv_blocks=64)).runner.capture_decode_graphs(8, 16)
+
+
+def test_the_warm_up_pass_skips_a_cache_too_small_for_its_dummy_sequences(tmp_path):
+    d = make_model_dir(tmp_path, "mistral")
+    assert EngineCore(EngineConfig(model=str(d), num_kv_blocks=4)).runner.warm_up() == 0.0  # needs 5
+    assert EngineCore(EngineConfig(model=str(d), num_kv_blocks=5)).runner.warm_up() > 0.0
