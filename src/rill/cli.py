@@ -28,7 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=_env("TENSOR_PARALLEL_SIZE", 1, int),
                    help="split the model over this many processes (one GPU each on CUDA; gloo on CPU)")
     p.add_argument("--stream-interval", type=int, default=_env("STREAM_INTERVAL", 1, int),
-                   help="send a stream's tokens in groups of this many (one by one until the first text; the end at once; default 1)")
+                   help="send a stream's tokens in groups of this many (one by one until the first text; "
+                        "the end at once; default 1)")
     p.add_argument("--cuda-graphs", action="store_true", default=bool(_env("CUDA_GRAPHS", "")),
                    help="replay decode steps from CUDA graphs captured at start (--device cuda)")
     p.add_argument("--max-num-encoder-tokens", type=int, default=_env("MAX_NUM_ENCODER_TOKENS", None, int),
