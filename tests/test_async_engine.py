@@ -229,13 +229,14 @@ async def test_stream_interval_sends_the_first_token_then_groups_of_n_then_the_e
     tokens = [t for d in got for t in d.token_ids]
     assert tokens == offline(model_dir, ids, params)
     sizes = [len(d.token_ids) for d in got]
-    first_text = next(i for i, d in enumerate(got) if d.text)  # tokens go one by one until text comes
-    assert sizes[: first_text + 1] == [1] * (first_text + 1) and got[-1].finish_reason == "length"
+    assert got[-1].finish_reason == "length"
+    # Steps that reach trio together (it was busy) arrive merged, so sizes can only grow; still, the
+    # first token is never held for a group: with N = 30 or 31 it comes well before the rest.
+    assert sizes[0] < 30
+    first_text = next(i for i, d in enumerate(got) if d.text)
     assert all(size >= interval for size in sizes[first_text + 1 : -1])  # then groups of N until the end
-    if interval == 1:
-        assert len(got) >= 31  # coalescing may merge steps trio was late for, never split them
-    else:
-        assert len(got) <= first_text + 1 + -(-(30 - first_text) // interval)
+    if interval > 1:
+        assert len(got) <= first_text + 1 + -(-(31 - sum(sizes[: first_text + 1])) // interval)
 
 
 async def test_stream_interval_keeps_n_samples_apart_and_forgets_an_aborted_request(model_dir):
