@@ -51,3 +51,16 @@ async def test_the_same_answer_in_fewer_events(model_dir, interval):
         # the first token at once, then groups of >= N tokens (a group's text may be empty until a
         # character completes, so count events, not characters)
         assert len(held) <= 1 + -(-(TOKENS - 1) // interval)  # against up to TOKENS one by one
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "--stream-interval", "0"], "stream_interval must be >= 1, got 0"),
+    (["serve", "--cuda-graphs"], "cuda_graphs needs a CUDA device"),
+    (["generate", "--max-num-seqs", "0", "hi"], "max_num_seqs must be >= 1, got 0"),
+])
+def test_an_engine_option_out_of_range_is_one_line_and_exit_2(argv, message, capsys):
+    from rill.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rill: error: ") and message in err and "Traceback" not in err

@@ -43,6 +43,17 @@ def engine_config(args):
     if args.chat_template:
         with open(args.chat_template) as f:
             template = f.read()
+    try:
+        return _engine_config(args, template)
+    except ValueError as exc:  # an option out of range: one line, as argparse reports its own errors
+        from rill.errors import RillError
+
+        raise RillError(str(exc)) from None
+
+
+def _engine_config(args, template):
+    from rill.config import EngineConfig
+
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
