@@ -199,9 +199,10 @@ async def test_headers_at_the_limit_pass_and_past_it_are_431(model_dir):
         assert (await client.get("/health")).status_code == 200
 
 
-def _burst(port: int, n: int, hold_loop_s: float) -> list[bytes]:
-    """Open n connections at once while the server's event loop is held (a synchronous sleep in
-    it, as a busy loop would be), each sending one request; return every answer's first bytes."""
+def _burst(port: int, n: int, hold_loop_s: float):
+    """Open n connections at once (from a thread) while the server's event loop is held (a synchronous
+    sleep in it, as a busy loop would be), each sending one request; return the sockets (filled as
+    they connect) and the thread."""
     import socket
     import threading
     import time

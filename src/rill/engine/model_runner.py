@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 
@@ -19,6 +18,7 @@ from rill.models.attention import AttentionMetadata
 from rill.models.llama import CausalLM
 from rill.models.linear import decode_step, pack_for_cpu
 from rill.outputs import TokenLogprob
+from rill.sampling_params import SamplingParams
 
 
 def zeroed_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -68,30 +68,27 @@ class ModelRunner:
         Triton specializes an argument equal to 1. Writes KV only into blocks that no request holds
         yet (at start every block is free). Returns the seconds spent."""
         t0 = time.perf_counter()
-        bs, dev, groups = self.block_size, self.device, self.layout.num_groups
+        bs, dev = self.block_size, self.device
         if self.kv_caches[0][0].shape[0] < 5:  # the dummy sequences' blocks (2 + 3) would not fit: skip
             return 0.0
         for lengths in ((bs + 1,), (bs + 1, 2 * bs + 1)):
-            tables, first = [], 0
-            for n in lengths:
-                tables.append(list(range(first, first + -(-(n + 1) // bs))))
-                first += len(tables[-1])
-            width = max(map(len, tables))
-            padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-            for q_lens in (lengths, (1,) * len(lengths)):  # a prefill, then one decode step after it
-                lens = [n if q > 1 else n + 1 for n, q in zip(lengths, q_lens)]
-                pos = [p for n, q in zip(lens, q_lens) for p in range(n - q, n)]
-                rows = [i for i, q in enumerate(q_lens) for _ in range(q)]
-                slots = torch.tensor([tables[r][p // bs] * bs + p % bs for r, p in zip(rows, pos)], device=dev)
-                starts = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=dev)
-                seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-                meta = AttentionMetadata(slots, padded, seq_lens, starts, max(q_lens))
-                if groups > 1:  # every group's table the same dummy blocks
-                    meta = AttentionMetadata(None, None, seq_lens, starts, max(q_lens),
-                                             layers=tuple(meta for _ in self.layout.layer_group))
-                ids = torch.zeros(len(pos), dtype=torch.int64, device=dev)
-                hidden = self.model(ids, torch.tensor(pos, device=dev), self.kv_caches, meta)
-                self.model.compute_logits(hidden[-1:])
+            seqs, first = [], 0
+            for i, n in enumerate(lengths):  # n prompt tokens and one more, on blocks first, first + 1, ...
+                seq = Sequence(f"warm-up-{i}", 0, [0] * (n + 1), SamplingParams(max_tokens=1), block_size=bs,
+                               max_tokens=1, num_kv_groups=self.layout.num_groups)
+                blocks = range(first, first + -(-(n + 1) // bs))
+                for table in seq.block_tables:
+                    table.extend(blocks)
+                first = blocks.stop
+                seqs.append(seq)
+            for step in (lengths, (1,) * len(lengths)):  # a prefill, then one decode step after it
+                batch = ScheduledBatch()
+                for seq, num_new in zip(seqs, step):
+                    batch.add(seq, num_new)
+                ids, pos, meta, _ = self._prepare(batch)
+                self.model.compute_logits(self._forward(batch, ids, pos, meta)[-1:])
+                for seq, num_new in zip(seqs, step):
+                    seq.num_computed_tokens += num_new
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
