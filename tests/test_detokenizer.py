@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers_tokenizers import byte_fallback_bpe, byte_level_bpe, llama_config, qwen_config, save_dir
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from rill.errors import ValidationError
@@ -305,9 +305,11 @@ def test_only_plain_bytelevel_decoders_offer_byte_pieces(tok, qwen):
 @hypothesis_settings
 @given(ids=st.lists(st.integers(min_value=0, max_value=440), max_size=40),
        prompt=st.lists(st.integers(min_value=3, max_value=300), max_size=8), skip=st.booleans())
+@example(ids=[159, 0, 97, 97], prompt=[], skip=False)  # <|endoftext|> kept between a character's bytes
 def test_byte_table_deltas_equal_window_decoding_deltas(qwen, ids, prompt, skip):
     fast, _ = run(qwen, ids, prompt, skip_special_tokens=skip)
     slow, _ = run(WindowDecoding(qwen), ids, prompt, skip_special_tokens=skip)
     assume(not qwen.decode(prompt).endswith(REPLACEMENT_CHAR))  # window decoding loses a character the prompt left open
     assert "".join(fast) == "".join(slow)
-    assert all(REPLACEMENT_CHAR not in d for d in fast) or REPLACEMENT_CHAR in qwen.decode(ids)
+    # a special token kept in the text (skip False) cuts a character in two, as a whole decode does
+    assert all(REPLACEMENT_CHAR not in d for d in fast) or REPLACEMENT_CHAR in qwen.decode(ids, skip)
