@@ -1,6 +1,7 @@
 """One signature per operation; the tensors' device picks the backend.
 
-CUDA tensors go to the Triton kernels, others to the torch reference. With
+CUDA tensors go to the Triton kernels, others to kernels/cpu_attn.py (decode in C over float32
+caches, the torch reference for the rest). With
 TRITON_INTERPRET=1 in the environment, CPU tensors go to the Triton kernels too, run by
 Triton's interpreter (slow: for tests of the kernels without a GPU).
 """
@@ -11,7 +12,7 @@ import os
 
 import torch
 
-from rill.kernels import reference
+from rill.kernels import cpu_attn, reference
 
 
 def _use_triton(t: torch.Tensor) -> bool:
@@ -33,7 +34,7 @@ def paged_attention(
     """max_query_len: the largest q_len in the batch (or an upper bound), if the caller knows it;
     it spares the Triton path a device sync when choosing between decode and prefill.
     softcap: attention logit soft-capping (Gemma 2), None for none."""
-    backend = reference
+    backend = cpu_attn
     if _use_triton(query):
         from rill.kernels import triton_attn as backend
     return backend.paged_attention(

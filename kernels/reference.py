@@ -101,6 +101,14 @@ def paged_attention(
         decoded = _decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window,
                           softcap)
         out[rows] = decoded.to(out.dtype)
+    attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_lens, scale, window, softcap,
+                  out)
+    return out
+
+
+def attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_lens, scale, window, softcap,
+                  out) -> None:
+    """The sequences whose q_len (q_lens [S]) is above 1, one at a time, into their rows of out."""
     block_size = k_cache.shape[1]
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -117,7 +125,6 @@ def paged_attention(
         k_pos = torch.arange(base, seq_len, device=query.device)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
         out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_pos, k_pos, window, scale, softcap).to(out.dtype)
-    return out
 
 
 def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap=None):

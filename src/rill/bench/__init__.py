@@ -12,6 +12,7 @@
     rill bench voice            speech over /v1/realtime: transcript lag, end of speech to first token, streams
     rill bench vision           a picture + question: vision encoder images/s, requests/s vs. transformers
     rill bench live-video       frames streamed over /v1/realtime, a question at the end: first token vs. whole clip
+    rill bench cpu-attention    one layer's CPU decode attention: rill's C kernel vs the torch reference
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -38,6 +39,8 @@ COMMANDS = {
     "vision": ("vision", "a picture + question at 1 and 16 concurrent, and the vision encoder: rill vs. transformers"),
     "live-video": ("live_video", "a clip streamed at 2 fps over /v1/realtime, a question at its end: first token "
                    "vs. the whole clip in one request; frames/s sustained"),
+    "cpu-attention": ("cpu_attention", "one layer's CPU decode attention: the C kernel vs the torch reference, "
+                      "and the time to read the KV once"),
 }
 
 

@@ -16,6 +16,7 @@ from rill.engine.scheduler import ScheduledBatch
 from rill.engine.sequence import Sequence
 from rill.models.attention import AttentionMetadata
 from rill.models.llama import CausalLM
+from rill.kernels import cpu_build
 from rill.models.linear import decode_step, pack_for_cpu
 from rill.outputs import TokenLogprob
 from rill.sampling_params import SamplingParams
@@ -47,6 +48,8 @@ class ModelRunner:
                  for _ in range(self.layout.layers_per_group)]
         self.kv_caches = [slots[j] for j in self.layout.layer_slot]
         self.graphs: DecodeGraphs | None = None  # capture_decode_graphs (--cuda-graphs)
+        if self.device.type == "cpu" and cfg.dtype == torch.float32:
+            cpu_build.library()  # compile the C decode attention now (once per machine), not in the first step
 
     def capture_decode_graphs(self, max_batch: int, max_blocks: int) -> float:
         """Capture the decoder for decode steps of up to max_batch sequences whose block tables hold

@@ -1,0 +1,277 @@
+/* rill's CPU decode attention: plain C over raw float32 pointers, called through ctypes.
+ * kernels/cpu_build.py compiles this file once per machine (-O3 -march=native -fopenmp) and
+ * kernels/cpu_attn.py calls it; the torch reference (kernels/reference.py) is the oracle and the
+ * fallback, and tests/test_cpu_attn.py compares the two.
+ *
+ * Why C: at decode every sequence brings one query, and the torch path copies each sequence's
+ * paged keys and values into a padded [b, Hkv, L, D] buffer, zeroes the padding, then runs a
+ * masked SDPA over that copy: three passes over the context and a dozen op dispatches per layer.
+ * Reading each key and value row once, straight from the page that holds it, is all the work
+ * needs; vLLM's CPU backend does the same in C++.
+ *
+ * Threads: OpenMP. The library names libgomp by its soname, which resolves to the copy torch has
+ * already loaded, so its parallel regions run on torch's thread pool rather than a second one;
+ * the caller passes torch's thread count.
+ *
+ * Results do not depend on the batch: each (sequence, head) is computed by the same loops in the
+ * same order whatever else is in the step, so greedy output is the same alone and batched.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DIM 256
+
+/* exp(x) for x <= 0 (softmax after the max is subtracted): x = n ln2 + r with
+ * |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n by the
+ * exponent bits. Below -87 the result is 0 (the float would be denormal). */
+static inline float exp_nonpositive(float x) {
+    const float clamped = x < -87.0f ? -87.0f : x;
+    /* round to nearest even by the 1.5 * 2^23 trick (|value| < 2^22), as the vector lanes round */
+    const float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = fmaf(-n, 1.428606765330187e-06f, fmaf(-n, 0.693145751953125f, clamped));
+    float p = 1.0f / 720.0f;
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
+    return x < -87.0f ? 0.0f : p * two_n.f;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RILL_AVX2 1
+#endif
+
+typedef struct {
+    const float *k_cache, *v_cache;
+    const int32_t *table;
+    int64_t block_size, row_stride, dim, group;
+    float scale, softcap;
+} Pages;
+
+/* offs[i] = where position first + i's row starts in a cache, walking the pages (one division). */
+static void row_offsets(const Pages *pg, int64_t first, int64_t last, int64_t *offs) {
+    int64_t p = first, i = 0;
+    while (p < last) {
+        const int64_t page = p / pg->block_size, in_page = p % pg->block_size;
+        const int64_t end = (page + 1) * pg->block_size < last ? (page + 1) * pg->block_size : last;
+        const int64_t base = (int64_t)pg->table[page] * pg->block_size;
+        for (int64_t o = in_page; p < end; p++, o++) offs[i++] = (base + o) * pg->row_stride;
+    }
+}
+
+#ifdef RILL_AVX2
+/* exp_nonpositive on eight lanes. */
+static inline __m256 exp_nonpositive8(__m256 x) {
+    const __m256 floor_ = _mm256_set1_ps(-87.0f);
+    const __m256 c = _mm256_max_ps(x, floor_);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), c);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(two_n)), _mm256_cmp_ps(x, floor_, _CMP_GE_OQ));
+}
+
+/* The eight lanes' sums of eight vectors, as one vector: [sum(a0), ..., sum(a7)]. */
+static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+/* s[i] = q . k(i) for the n <= 8 positions whose rows start at offs[0..n), one query head, its KV
+ * head at kv_off in each row. Eight positions at once keep eight independent accumulators, so the
+ * FMA units never wait on one dot product's chain. */
+static void block_scores(const float *k_cache, const int64_t *offs, int64_t n, int64_t kv_off, const float *q,
+                         int64_t dim, float *s) {
+#ifdef RILL_AVX2
+    if (n == 8 && dim % 8 == 0) {
+        const float *k0 = k_cache + offs[0] + kv_off, *k1 = k_cache + offs[1] + kv_off;
+        const float *k2 = k_cache + offs[2] + kv_off, *k3 = k_cache + offs[3] + kv_off;
+        const float *k4 = k_cache + offs[4] + kv_off, *k5 = k_cache + offs[5] + kv_off;
+        const float *k6 = k_cache + offs[6] + kv_off, *k7 = k_cache + offs[7] + kv_off;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t d = 0; d < dim; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k4 + d), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k5 + d), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k6 + d), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k7 + d), a7);
+        }
+        _mm256_storeu_ps(s, sum8x8(a0, a1, a2, a3, a4, a5, a6, a7));
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const float *k = k_cache + offs[i] + kv_off;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < dim; d++) dot += q[d] * k[d];
+        s[i] = dot;
+    }
+}
+
+/* out += sum_i w[i] v(i) over the n positions whose rows start at offs[0..n), one query head. With
+ * AVX2, 64 output lanes at a time sit in eight registers across the positions. */
+static void block_values(const float *v_cache, const int64_t *offs, int64_t n, int64_t kv_off, const float *w,
+                         int64_t dim, float *out) {
+    int64_t d0 = 0;
+#ifdef RILL_AVX2
+    for (; d0 + 64 <= dim; d0 += 64) {
+        float *o = out + d0;
+        __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16);
+        __m256 a3 = _mm256_loadu_ps(o + 24), a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40);
+        __m256 a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
+        for (int64_t i = 0; i < n; i++) {
+            const float *v = v_cache + offs[i] + kv_off + d0;
+            const __m256 wb = _mm256_set1_ps(w[i]);
+            a0 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 24), a3);
+            a4 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 32), a4);
+            a5 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 40), a5);
+            a6 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 48), a6);
+            a7 = _mm256_fmadd_ps(wb, _mm256_loadu_ps(v + 56), a7);
+        }
+        _mm256_storeu_ps(o, a0);
+        _mm256_storeu_ps(o + 8, a1);
+        _mm256_storeu_ps(o + 16, a2);
+        _mm256_storeu_ps(o + 24, a3);
+        _mm256_storeu_ps(o + 32, a4);
+        _mm256_storeu_ps(o + 40, a5);
+        _mm256_storeu_ps(o + 48, a6);
+        _mm256_storeu_ps(o + 56, a7);
+    }
+#endif
+    for (int64_t i = 0; i < n && d0 < dim; i++) {
+        const float *v = v_cache + offs[i] + kv_off, wi = w[i];
+#pragma omp simd
+        for (int64_t d = d0; d < dim; d++) out[d] += wi * v[d];
+    }
+}
+
+/* In place: s[i] -> softmax(scale * s, soft-capped), over one head's width scores. */
+static void softmax(float *s, int64_t width, float scale, float softcap) {
+    if (softcap > 0.0f) {
+        for (int64_t i = 0; i < width; i++) s[i] = softcap * tanhf(s[i] * scale / softcap);
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < width; i++) s[i] *= scale;
+    }
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < width; i++) m = s[i] > m ? s[i] : m;
+    float sum = 0.0f;
+    int64_t i = 0;
+#ifdef RILL_AVX2
+    __m256 sums = _mm256_setzero_ps();
+    for (const __m256 mv = _mm256_set1_ps(m); i + 8 <= width; i += 8) {
+        const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(s + i, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sums);
+    for (int l = 0; l < 8; l++) sum += lanes[l];
+#endif
+    for (; i < width; i++) {
+        s[i] = exp_nonpositive(s[i] - m);
+        sum += s[i];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t i = 0; i < width; i++) s[i] *= inv;
+}
+
+/* One sequence's query heads [h0, h0 + nh) over the visible positions [first, last); head j reads
+ * KV head (h0 + j) / group of each row. The positions go in blocks of eight rows (contiguous within
+ * a page, all KV heads side by side), and every head is served from a block while it sits in L1,
+ * so each key and value row comes from memory once. scores: nh x width floats. */
+#define BLOCK 8
+static void attend_one(const Pages *pg, const float *q, int64_t h0, int64_t nh, int64_t first, int64_t last,
+                       int64_t *offs, float *scores, float *out) {
+    const int64_t dim = pg->dim, width = last - first;
+    row_offsets(pg, first, last, offs);
+    for (int64_t i = 0; i < width; i += BLOCK) {
+        const int64_t n = width - i < BLOCK ? width - i : BLOCK;
+        for (int64_t j = 0; j < nh; j++)
+            block_scores(pg->k_cache, offs + i, n, ((h0 + j) / pg->group) * dim, q + (h0 + j) * dim, dim,
+                         scores + j * width + i);
+    }
+    for (int64_t j = 0; j < nh; j++) softmax(scores + j * width, width, pg->scale, pg->softcap);
+    memset(out, 0, sizeof(float) * (size_t)(nh * dim));
+    for (int64_t i = 0; i < width; i += BLOCK) {
+        const int64_t n = width - i < BLOCK ? width - i : BLOCK;
+        for (int64_t j = 0; j < nh; j++)
+            block_values(pg->v_cache, offs + i, n, ((h0 + j) / pg->group) * dim, scores + j * width + i, dim,
+                         out + j * dim);
+    }
+}
+
+/* Decode attention over a paged cache, one query per sequence.
+ *   q:            [num_seqs, num_heads, dim], q_seq_stride floats between sequences, heads contiguous
+ *   k/v_cache:    [num_blocks, block_size, num_kv_heads, dim], contiguous
+ *   block_tables: [num_seqs, table_stride] int32; seq_lens: [num_seqs] int32, the context with this step's token
+ *   window:       0 for none, else only keys at positions > seq_len - 1 - window
+ *   softcap:      0 for none (Gemma 2: softcap * tanh(score / softcap))
+ *   out:          [num_seqs, num_heads, dim], contiguous
+ * A task is one sequence's heads, or one KV head's group of them when there are too few sequences
+ * to keep every thread busy. Returns 0, or -1 for an unsupported shape or no memory. */
+int rill_paged_decode_f32(const float *q, int64_t q_seq_stride, const float *k_cache, const float *v_cache,
+                          const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                          int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t dim, int64_t block_size,
+                          int64_t window, float scale, float softcap, float *out, int num_threads) {
+    if (num_kv_heads < 1 || num_heads % num_kv_heads != 0 || dim < 1 || dim > MAX_DIM || block_size < 1) return -1;
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t per_task = num_seqs >= 2 * num_threads ? num_heads : group;
+    const int64_t tasks_per_seq = num_heads / per_task;
+    int64_t max_len = 1;
+    for (int64_t s = 0; s < num_seqs; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+    if (window > 0 && window < max_len) max_len = window;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(per_task * max_len));
+        int64_t *offs = malloc(sizeof(int64_t) * (size_t)max_len);
+        if (scores == NULL || offs == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < num_seqs * tasks_per_seq; t++) {
+            const int64_t s = t / tasks_per_seq, h0 = (t % tasks_per_seq) * per_task, len = seq_lens[s];
+            if (scores == NULL || offs == NULL) continue;
+            if (len < 1) {  /* nothing visible: a zero row, never memory the caller left unset */
+                memset(out + (s * num_heads + h0) * dim, 0, sizeof(float) * (size_t)(per_task * dim));
+                continue;
+            }
+            const int64_t first = window > 0 && len > window ? len - window : 0;
+            const Pages pg = {k_cache, v_cache, block_tables + s * table_stride, block_size, num_kv_heads * dim, dim,
+                              group, scale, softcap};
+            attend_one(&pg, q + s * q_seq_stride, h0, per_task, first, len, offs, scores,
+                       out + (s * num_heads + h0) * dim);
+        }
+        free(scores);
+        free(offs);
+    }
+    return failed ? -1 : 0;
+}

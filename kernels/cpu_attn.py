@@ -1,0 +1,68 @@
+"""Paged attention on the CPU: decode rows in C (kernels/cpu_attn.c), prefill chunks in torch.
+
+Same signature and rule as kernels/reference.py, which stays the oracle and the fallback: the C
+path takes float32 caches with a head_dim up to 256, and everything else (a bfloat16 or float16
+cache, the library unavailable: kernels/cpu_build.py says why, once) takes the reference.
+
+A decode query reads each key and value row of its window once, straight from the page that holds
+it. A prefill chunk (q_len > 1) keeps the reference's per-sequence SDPA, whose matrix products are
+where a chunk's time belongs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rill.kernels import cpu_build, reference
+
+MAX_HEAD_DIM = 256
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the C decode path takes these tensors (else the reference does)."""
+    return (query.device.type == "cpu" and query.dtype == torch.float32 and k_cache.dtype == torch.float32
+            and v_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and query.shape[-1] <= MAX_HEAD_DIM and cpu_build.library() is not None)
+
+
+def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=None, out=None,
+                    max_query_len=None, softcap=None):
+    if not supports(query, k_cache, v_cache):
+        return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                         window, out, max_query_len, softcap=softcap)
+    if out is None:
+        out = torch.empty_like(query)
+    if query.shape[0] == seq_lens.shape[0]:  # every sequence has one query: all decode
+        target = out if out.is_contiguous() and out.dtype == torch.float32 else torch.empty_like(query)
+        decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, target)
+        if target is not out:
+            out.copy_(target)
+        return out
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    single = (q_lens == 1).nonzero().squeeze(1)
+    if single.numel():
+        rows = query_start_loc[single].long()
+        decoded = torch.empty(rows.numel(), *query.shape[1:], dtype=torch.float32)
+        decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window, softcap,
+               decoded)
+        out[rows] = decoded.to(out.dtype)
+    reference.attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_lens, scale, window,
+                            softcap, out)
+    return out
+
+
+def decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, out) -> None:
+    """One query per sequence: query [S, H, D] -> out [S, H, D] (contiguous, float32)."""
+    if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
+        query = query.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()  # no copy when it already is
+    lens = seq_lens.to(torch.int32).contiguous()
+    num_seqs, num_heads, dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    status = cpu_build.library().rill_paged_decode_f32(
+        query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+        tables.stride(0), lens.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, block_size, window or 0,
+        scale, softcap or 0.0, out.data_ptr(), torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"rill_paged_decode_f32 failed ({num_heads} heads, {num_kv_heads} KV heads, dim {dim})")
