@@ -272,16 +272,16 @@ FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate",
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in FORWARDED:  # their own parsers handle every option, --help included
-        import importlib
-
-        return importlib.import_module(FORWARDED[argv[0]]).main(argv[1:]) or 0
-    args = build_parser().parse_args(argv)
     # torch's CPU allocator backs allocations of 2 MB and more with transparent huge pages when this
     # is 1 (the kernel's THP mode "madvise" otherwise leaves them on 4 KB pages): the weights and
     # activations a CPU step streams through then cost fewer TLB misses, 1.1x on decode and prefill
     # steps of random-qwen2-100m (BENCHMARKS.md). THP_MEM_ALLOC_ENABLE=0 in the environment keeps 4 KB.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    if argv and argv[0] in FORWARDED:  # their own parsers handle every option, --help included
+        import importlib
+
+        return importlib.import_module(FORWARDED[argv[0]]).main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
     from rill.errors import RillError
 
     try:
