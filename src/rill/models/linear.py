@@ -4,9 +4,11 @@ Packed (pack_for_cpu, which ModelRunner calls on its model): a float32 CPU Linea
 reordered once into oneDNN's blocked layout and multiplies with oneDNN's GEMM
 (`torch.ops.mkldnn._linear_pointwise`, the op torch.compile's CPU freezing uses). Measured on a 2-core
 AVX2 EPYC, one thread, weights cold: at 8 rows the [32000, 768] LM head 13.7 ms against F.linear's
-26.7, [4096, 768] 2.05 against 2.97; at prefill sizes (2,048 rows) about F.linear's speed, except a
-[768, 2048] down projection, 10-25% slower there and no faster at 8 rows, so layers built with
-`pack=False` (the MLP's down_proj) stay unpacked. A packed layer's rows do not depend on how many
+26.7, [4096, 768] 2.05 against 2.97; at prefill sizes (2,048 rows) about F.linear's speed. The MLP's
+down projection, first left unpacked (10-25% slower at prefill on a loaded machine), measured again on
+the quiet machine with two threads as two engines alternating steps: decode steps 1.05x faster at 8
+and at 64 sequences, prefill even (1.00-1.06x), so it is packed too; a layer built with `pack=False`
+stays unpacked. A packed layer's rows do not depend on how many
 rows are computed together (checked from 1 to 39 rows against 300), so it keeps what chunked prefill
 relies on (below). The plain weight is then freed unless another module shares it (a tied LM head
 keeps the embedding's, so it costs one more copy of that matrix).
