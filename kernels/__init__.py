@@ -15,7 +15,8 @@ position p attends keys at positions k with max(0, p - window + 1) <= k <= p
 Blocks that hold no position any query may see are never read, so the engine can
 free them and leave any id in their table slots.
 
-`dispatch` picks the Triton kernels for CUDA tensors and the torch reference otherwise.
+`dispatch` picks the Triton kernels for CUDA tensors; on the CPU, `cpu_attn` runs decode rows in C
+(cpu_attn.c, built by cpu_build) over float32 caches and the torch reference for the rest.
 """
 
 from rill.kernels.dispatch import paged_attention, write_kv
