@@ -30,35 +30,19 @@ def paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start
     if not supports(query, k_cache, v_cache):
         return reference.paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                          window, out, max_query_len, softcap=softcap)
-    if out is None:
-        out = torch.empty_like(query)
-    if query.shape[0] == seq_lens.shape[0]:  # every sequence has one query: all decode
-        target = out if out.is_contiguous() and out.dtype == torch.float32 else torch.empty_like(query)
-        decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, target)
-        if target is not out:
-            out.copy_(target)
-        return out
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    single = (q_lens == 1).nonzero().squeeze(1)
-    if single.numel():
-        rows = query_start_loc[single].long()
-        decoded = torch.empty(rows.numel(), *query.shape[1:], dtype=torch.float32)
-        decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window, softcap,
-               decoded)
-        out[rows] = decoded.to(out.dtype)
-    reference.attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_lens, scale, window,
-                            softcap, out)
-    return out
+    return reference.attend_step(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out,
+                                 softcap, decode)
 
 
-def decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, out) -> None:
-    """One query per sequence: query [S, H, D] -> out [S, H, D] (contiguous, float32)."""
+def decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap) -> torch.Tensor:
+    """One query per sequence: query [S, H, D] -> [S, H, D] float32, in C."""
     if query.stride(2) != 1 or query.stride(1) != query.shape[2]:
         query = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()  # no copy when it already is
     lens = seq_lens.to(torch.int32).contiguous()
     num_seqs, num_heads, dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty(num_seqs, num_heads, dim, dtype=torch.float32)
     status = cpu_build.library().rill_paged_decode_f32(
         query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
         tables.stride(0), lens.data_ptr(), num_seqs, num_heads, num_kv_heads, dim, block_size, window or 0,
@@ -66,3 +50,4 @@ def decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softc
     )
     if status != 0:
         raise RuntimeError(f"rill_paged_decode_f32 failed ({num_heads} heads, {num_kv_heads} KV heads, dim {dim})")
+    return out

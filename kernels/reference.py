@@ -87,28 +87,29 @@ def paged_attention(
     Covers decode (every q_len is 1) and chunked prefill with the same rule. Only blocks
     that hold a visible position are gathered, so freed blocks are never read.
     """
+    return attend_step(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out, softcap,
+                       _decode)
+
+
+def attend_step(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, out, softcap,
+                decode) -> torch.Tensor:
+    """paged_attention's rule, the one-query sequences attended by `decode(query [S, H, D], k_cache, v_cache,
+    block_tables, seq_lens, scale, window, softcap) -> [S, H, D]` (this module's buckets, or the C kernel of
+    kernels/cpu_attn.py) and the prefill chunks one sequence at a time."""
     if out is None:
         out = torch.empty_like(query)
     if query.shape[0] == seq_lens.shape[0]:  # every sequence has one query: batched decode
-        out.copy_(_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap))
+        out.copy_(decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap))
         return out
-    # A mixed step: the one-query sequences still go through batched decode (one fused call per
-    # bucket), so only the prefill chunks are attended one sequence at a time.
+    # A mixed step: the one-query sequences still go through batched decode (for the reference, one
+    # fused call per bucket), so only the prefill chunks are attended one sequence at a time.
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     single = (q_lens == 1).nonzero().squeeze(1)
     if single.numel():
         rows = query_start_loc[single].long()
-        decoded = _decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window,
-                          softcap)
+        decoded = decode(query[rows], k_cache, v_cache, block_tables[single], seq_lens[single], scale, window,
+                         softcap)
         out[rows] = decoded.to(out.dtype)
-    attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_lens, scale, window, softcap,
-                  out)
-    return out
-
-
-def attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_lens, scale, window, softcap,
-                  out) -> None:
-    """The sequences whose q_len (q_lens [S]) is above 1, one at a time, into their rows of out."""
     block_size = k_cache.shape[1]
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -125,6 +126,7 @@ def attend_chunks(query, k_cache, v_cache, block_tables, seq_lens, query_start_l
         k_pos = torch.arange(base, seq_len, device=query.device)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
         out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_pos, k_pos, window, scale, softcap).to(out.dtype)
+    return out
 
 
 def _decode(query, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap=None):
