@@ -8,6 +8,8 @@
 #   3, 4, 5                           Gemma's fixes again; serve in its own process; the in-process serve's log
 #   bash bench-results/gpu-run.sh 6   speech (rill bench transcribe) and vision (rill bench vision) on CUDA
 #   bash bench-results/gpu-run.sh 7   rill serve at 64 and 256 clients with --stream-interval 1, 4, 16
+#   bash bench-results/gpu-run.sh 8   the kernel sweeps alone
+#   bash bench-results/gpu-run.sh 9   speech admission groups 1 and 4 on CUDA; the new prefill tiles checked and timed
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
 # wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into
@@ -114,14 +116,32 @@ elif [ "$PHASE" = 7 ]; then
     : >"$R/table.txt"
     for n in 1 4 16; do
         python3 -m rill serve --model "$MODEL" --device cuda --dtype bfloat16 --cuda-graphs --stream-interval $n \
-            --host 127.0.0.1 --port 8765 --log-level warning >"$R/server-$n.log" 2>&1 &
+            --host 127.0.0.1 --port 8765 --log-level info >"$R/server-$n.log" 2>&1 &
         SERVER=$!
         for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/v1/models >/dev/null && break; sleep 1; done
-        step serve-si$n 60 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 64,256 \
+        step serve-si$n 45 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 64,256 \
             --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve-si$n.json"
         kill "$SERVER"; wait "$SERVER"
-        echo "stream interval $n" >>"$R/table.txt"; tail -n 4 "$R/serve-si$n.log" >>"$R/table.txt"
+        echo "stream interval $n" >>"$R/table.txt"; grep -h "warm-up" "$R/server-$n.log" >>"$R/table.txt"
+        tail -n 4 "$R/serve-si$n.log" >>"$R/table.txt"
     done
+elif [ "$PHASE" = 9 ]; then
+    # the speech core's grouped admission on CUDA (admit group 1 against the default, 4 of 16 rows), the new
+    # prefill tiles: the kernel tests at full size and the kernel benchmark
+    for g in 1 4; do
+        step transcribe-g$g 100 python3 -m rill bench transcribe --model .gpu-carry/speech-model --n 64 \
+            --concurrency 16 --admit-group $g --skip-transformers --skip-http --cache-dir .gpu-carry/bench-cache \
+            --device cuda --dtype float32 --no-progress --json "$R/transcribe-g$g.json"
+    done
+    step kernels 150 "${PYTEST[@]}" tests/test_kernels.py -n 6
+    step kbench 100 python3 kernels/bench.py --no-sweep --out "$R"
+    : >"$R/table.txt"
+    for f in transcribe-g1 transcribe-g4; do grep -A3 "side " "$R/$f.log" >>"$R/table.txt"; done
+    tail -n 12 "$R/kbench.log" >>"$R/table.txt"
+elif [ "$PHASE" = 8 ]; then
+    # the kernel sweeps alone (split heuristic, decode tiles, the 24 prefill tile configurations)
+    step ksweep 120 python3 kernels/bench.py --out "$R"
+    tail -n 30 "$R/ksweep.log" >"$R/table.txt"
 elif [ "$PHASE" = 3 ]; then
     step parity 150 env RILL_GPU_REPORT="$R/parity.jsonl" "${PYTEST[@]}" tests/test_cuda.py -n 3 -k gemma &
     step engine 150 env RILL_TEST_DEVICE=cuda "${PYTEST[@]}" tests/test_cuda_graphs.py -n 4 &
