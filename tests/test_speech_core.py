@@ -114,6 +114,44 @@ def test_max_batch_bounds_the_rows_and_the_rest_wait(model_dir):
         assert windows_of(finished[request_id]) == reference(core, audio), request_id
 
 
+def test_grouped_admission_refills_rows_in_groups_and_still_matches_lone_decoding(model_dir):
+    core = SpeechCore(model_dir, max_batch=4, admit_group=3)
+    requests = {f"g{i}": (audio, TranscribeParams()) for i, audio in enumerate(AUDIO)}
+    seen = []
+    _, finished = run(core, requests, check=lambda c: seen.append((c.num_decoding, c.num_waiting)))
+    for request_id, (audio, _) in requests.items():
+        assert windows_of(finished[request_id]) == reference(core, audio), request_id
+    # after each step: a free row waits while more wait than are free, until 3 are free ...
+    assert any(rows == 3 and waiting > 1 for rows, waiting in seen)
+    assert not any(4 - rows >= 3 and waiting > 0 for rows, waiting in seen)
+    # ... and when all that wait fit in the free rows, they are taken at once
+    assert not any(4 - rows >= waiting > 0 for rows, waiting in seen)
+
+
+def test_grouped_admission_takes_all_that_wait_when_they_fit(model_dir):
+    core = SpeechCore(model_dir, max_batch=4, admit_group=4)
+    core.add_request("long", AUDIO[0], TranscribeParams())  # 44 tokens: decoding throughout
+    core.step()
+    assert core.num_decoding == 1
+    core.add_request("late", AUDIO[1], TranscribeParams())  # fewer wait than the group: admitted at once
+    core.step()
+    assert (core.num_decoding, core.num_waiting) == (2, 0)
+    core.abort("long")
+    core.abort("late")
+    assert not core.has_work()
+
+
+@pytest.mark.parametrize("group", [0, 5])
+def test_admit_group_outside_1_to_max_batch_is_refused(model_dir, group):
+    with pytest.raises(ValueError, match="admit_group"):
+        SpeechCore(model_dir, max_batch=4, admit_group=group)
+
+
+def test_admit_group_defaults_to_a_quarter_of_the_rows(core, model_dir):
+    assert core.admit_group == 1  # max_batch 4
+    assert SpeechCore(model_dir).admit_group == 4  # max_batch 16
+
+
 def test_long_audio_is_transcribed_window_after_window_with_the_previous_text_as_prompt(core, model_dir):
     window_s = core.features.config.n_samples / 16_000
     audio = np.concatenate([AUDIO[3], AUDIO[7], AUDIO[5], AUDIO[0]])  # 6.5 s: four 2 s windows

@@ -50,6 +50,9 @@ def add_arguments(p) -> None:
                    "HTTP and CTranslate2 sides run on the CPU only and are skipped elsewhere)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="rill's and transformers' weights (default float32)")
+    p.add_argument("--admit-group", type=int, default=None,
+                   help="rill's rows refilled together (SpeechCore admit_group; default: a quarter of "
+                        "--concurrency)")
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--skip-faster-whisper", action="store_true", help="no faster-whisper and no ctranslate2 side")
 
@@ -76,7 +79,8 @@ def run_rill(model_dir: Path, clips: list[Clip], args, language: str | None) -> 
     from rill.speech.core import SpeechCore
     from rill.speech.decoding import TranscribeParams
 
-    core = SpeechCore(str(model_dir), max_batch=args.concurrency, device=args.device, dtype=_dtype(args))
+    core = SpeechCore(str(model_dir), max_batch=args.concurrency, device=args.device, dtype=_dtype(args),
+                      admit_group=args.admit_group)
     params = TranscribeParams(language=language)
     ids = (f"bench-{i}" for i in itertools.count())
     _drain(core, [clips[0]], params, ids, None)  # warm-up, not timed
@@ -88,7 +92,8 @@ def run_rill(model_dir: Path, clips: list[Clip], args, language: str | None) -> 
     with progress(total=len(clips), desc=f"rill {args.concurrency} rows", disable=args.no_progress) as bar:
         t0 = time.perf_counter()
         texts = _drain(core, clips, params, ids, bar)
-        out["concurrent"] = score(clips, texts, time.perf_counter() - t0) | {"max_batch": args.concurrency}
+        out["concurrent"] = score(clips, texts, time.perf_counter() - t0) | {"max_batch": args.concurrency,
+                                                                           "admit_group": core.admit_group}
     return out
 
 

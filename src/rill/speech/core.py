@@ -8,6 +8,12 @@ One worker thread owns it (as EngineCore for the LLM). Each `step()`:
    batched encoder call, the cross-attention K/V of each is written into its row once, the language is
    detected where needed, and their prompts are prefilled together, giving each its first token.
 
+Admission comes in groups of `admit_group` rows, a quarter of `max_batch` by default (fewer when all
+that wait fit, or when no row decodes): an admission (log-mel, encoder, language, prefill) has a fixed
+cost that a batch shares, on a GPU about ten decode steps of kernel launches, while a decode step costs
+about the same with a few idle rows. So under load rows are refilled together rather than one by one
+as they free up (16 rows of rill-tiny-speech: 4.3x faster on an H100, 1.14-1.29x on 2 CPU cores).
+
 Rows are kept contiguous (a leaving row's slot takes the last row), so every call works on a slice of
 the preallocated caches: no gather, no copies per step. Abort frees a row at once.
 """
@@ -104,15 +110,19 @@ class SpeechCore:
     """
 
     def __init__(self, path_or_runtime: str | Path | WhisperRuntime, *, max_batch: int = 16,
-                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None, seed: int = 0):
+                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None, seed: int = 0,
+                 admit_group: int | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if admit_group is not None and not 1 <= admit_group <= max_batch:
+            raise ValueError(f"admit_group must be between 1 and max_batch ({max_batch}), got {admit_group}")
         runtime = path_or_runtime
         if not isinstance(runtime, WhisperRuntime):
             runtime = load_whisper(runtime, device, dtype)
         self.runtime = runtime
         self.model_name = runtime.name
         self.max_batch = max_batch
+        self.admit_group = max(1, max_batch // 4) if admit_group is None else admit_group
         self.features = LogMel(FeatureConfig.from_dir(runtime.path), runtime.device)
         if self.features.config.nb_max_frames != runtime.config.num_frames:
             raise ModelLoadError(
@@ -183,9 +193,10 @@ class SpeechCore:
 
     def _admit(self, deltas: list[SpeechDelta]) -> None:
         num_free = self.max_batch - len(self.rows)
-        new = [self.waiting.popleft() for _ in range(min(num_free, len(self.waiting)))]
-        if not new:
-            return
+        num_new = min(num_free, len(self.waiting))
+        if num_new == 0 or (self.rows and num_new < min(self.admit_group, len(self.waiting))):
+            return  # the free rows wait for a group (see the module's docstring)
+        new = [self.waiting.popleft() for _ in range(num_new)]
         first_row = len(self.rows)
         for request in new:
             request.move_to(Status.DECODING)
