@@ -9,6 +9,7 @@
 #   bash bench-results/gpu-run.sh 6   speech (rill bench transcribe) and vision (rill bench vision) on CUDA
 #   bash bench-results/gpu-run.sh 7   rill serve at 64 and 256 clients with --stream-interval 1, 4, 16
 #   bash bench-results/gpu-run.sh 8   the kernel sweeps alone
+#   bash bench-results/gpu-run.sh 10  rill serve with and without CUDA graphs, each in its own process
 #   bash bench-results/gpu-run.sh 9   speech admission groups 1 and 4 on CUDA; the new prefill tiles checked and timed
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
@@ -138,6 +139,25 @@ elif [ "$PHASE" = 9 ]; then
     : >"$R/table.txt"
     for f in transcribe-g1 transcribe-g4; do grep -A3 "side " "$R/$f.log" >>"$R/table.txt"; done
     tail -n 12 "$R/kbench.log" >>"$R/table.txt"
+elif [ "$PHASE" = 10 ]; then
+    # rill serve in its own process with CUDA graphs and without, side by side (64 and 256 clients)
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))"
+    MODEL=$(tail -n 1 "$R/model.log")
+    : >"$R/table.txt"
+    for mode in graphs eager; do
+        flag=$([ $mode = graphs ] && echo --cuda-graphs)
+        # info: the eager server of the first try (2026-11-26) closed connections with nothing at warning level
+        python3 -m rill serve --model "$MODEL" --device cuda --dtype bfloat16 $flag --host 127.0.0.1 --port 8765 \
+            --log-level info >"$R/server-$mode.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/v1/models >/dev/null && break; sleep 1; done
+        step serve-$mode 45 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 64,256 \
+            --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve-$mode.json"
+        kill -0 "$SERVER" 2>/dev/null || echo "the $mode server had exited before the kill" >>"$R/table.txt"
+        kill "$SERVER"; wait "$SERVER"; echo "$mode server exit status $?" >>"$R/table.txt"
+        echo "$mode" >>"$R/table.txt"; tail -n 4 "$R/serve-$mode.log" >>"$R/table.txt"
+        grep -v "status=200" "$R/server-$mode.log" | tail -n 20 >>"$R/table.txt"
+    done
 elif [ "$PHASE" = 8 ]; then
     # the kernel sweeps alone (split heuristic, decode tiles, the 24 prefill tile configurations)
     step ksweep 120 python3 kernels/bench.py --out "$R"
