@@ -128,7 +128,7 @@ def fresh_build(monkeypatch, tmp_path):
 
 def test_built_once_per_machine_then_loaded_from_the_cache(fresh_build, monkeypatch):
     assert cpu_build.library() is not None and cpu_build.unavailable_reason() is None
-    (built,) = fresh_build.glob("rill_cpu_attn-*.so")
+    (built,) = fresh_build.glob("rill_cpu-*.so")
     stamp = built.stat().st_mtime_ns
     monkeypatch.setattr(cpu_build, "_loaded", [])
     compiles = []
@@ -152,7 +152,7 @@ def test_fault_injected_no_compiler_falls_back_to_the_reference(fresh_build, mon
 def test_fault_injected_compile_error_falls_back(fresh_build, monkeypatch):
     broken = fresh_build.parent / "broken.c"
     broken.write_text("this is not C\n")
-    monkeypatch.setattr(cpu_build, "SOURCE", broken)
+    monkeypatch.setattr(cpu_build, "SOURCES", (broken,))
     assert cpu_build.library() is None
     assert "failed" in cpu_build.unavailable_reason()
     assert not list(fresh_build.glob("*.so")) and not list(fresh_build.glob("tmp*"))  # no half-written library

@@ -1,6 +1,7 @@
-"""models/linear.py pack_for_cpu: float32 CPU Linear layers multiply with oneDNN's pre-packed weights,
-close to F.linear, with rows that do not depend on how many are computed together (what chunked prefill
-and batching rely on); layers built with pack=False, other dtypes and shared (tied) weights keep theirs."""
+"""models/linear.py pack_for_cpu: float32 CPU Linear layers multiply with rill's C kernel over packed
+weights (oneDNN's pre-packed weights where the kernel is not built), close to F.linear, with rows that do
+not depend on how many are computed together (what chunked prefill and batching rely on); layers built
+with pack=False, other dtypes and shared (tied) weights keep theirs."""
 
 from __future__ import annotations
 
@@ -9,9 +10,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rill.kernels import cpu_build
 from rill.models.linear import Linear, pack_for_cpu
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+
+@pytest.fixture(params=["c", "onednn"])
+def backend(request, monkeypatch):
+    """Which packing pack_for_cpu picks: the C kernel, or oneDNN with the library unavailable."""
+    if request.param == "c":
+        assert cpu_build.library() is not None, cpu_build.unavailable_reason()
+    else:
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("torch without oneDNN")
+        monkeypatch.setattr(cpu_build, "_loaded", [None])
+    return request.param
+
+
+def packing(layer):
+    return layer.c_packed if layer.c_packed is not None else layer.packed
 
 
 class Tied(nn.Module):
@@ -26,18 +42,20 @@ class Tied(nn.Module):
         self.wide = Linear(32, 16).to(torch.float64)
 
 
-def test_pack_frees_plain_weights_except_shared_ones_and_skips_what_it_should():
+def test_pack_frees_plain_weights_except_shared_ones_and_skips_what_it_should(backend):
     model = Tied()
     assert pack_for_cpu(model) == 2  # proj and head
-    assert model.proj.packed is not None and model.proj.weight.numel() == 0  # freed
-    assert model.head.packed is not None and model.embed.weight.shape == (50, 32)  # the tie keeps it
-    assert model.down.packed is None and model.down.weight.shape == (32, 48)  # pack=False
-    assert model.wide.packed is None  # float64
+    assert (model.proj.c_packed is not None) == (backend == "c") and (model.proj.packed is not None) == (
+        backend == "onednn")
+    assert packing(model.proj) is not None and model.proj.weight.numel() == 0  # freed
+    assert packing(model.head) is not None and model.embed.weight.shape == (50, 32)  # the tie keeps it
+    assert packing(model.down) is None and model.down.weight.shape == (32, 48)  # pack=False
+    assert packing(model.wide) is None  # float64
     assert pack_for_cpu(model) == 0  # idempotent
     assert pack_for_cpu(object()) == 0  # not a module (a tensor-parallel driver's handle)
 
 
-def test_packed_layers_equal_f_linear_to_rounding_and_rows_do_not_depend_on_the_batch():
+def test_packed_layers_equal_f_linear_to_rounding_and_rows_do_not_depend_on_the_batch(backend):
     model = Tied()
     plain_w, plain_b, head_w = model.proj.weight.detach().clone(), model.proj.bias.detach().clone(), model.embed.weight
     pack_for_cpu(model)

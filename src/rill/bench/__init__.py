@@ -13,6 +13,7 @@
     rill bench vision           a picture + question: vision encoder images/s, requests/s vs. transformers
     rill bench live-video       frames streamed over /v1/realtime, a question at the end: first token vs. whole clip
     rill bench cpu-attention    one layer's CPU decode attention: rill's C kernel vs the torch reference
+    rill bench cpu-linear       float32 linear layers on the CPU: rill's C kernel vs oneDNN, decode and prefill rows
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -41,6 +42,8 @@ COMMANDS = {
                    "vs. the whole clip in one request; frames/s sustained"),
     "cpu-attention": ("cpu_attention", "one layer's CPU decode attention: the C kernel vs the torch reference, "
                       "and the time to read the KV once"),
+    "cpu-linear": ("cpu_linear", "float32 linear layers on the CPU at decode and prefill rows: the C kernel vs "
+                   "oneDNN's packed GEMM, and the time to read the weights once"),
 }
 
 

@@ -36,7 +36,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, sampler: Sampler,
                  layout: KVLayout | None = None):
         cfg = model.config
-        pack_for_cpu(model)  # float32 CPU linears multiply with oneDNN's packed weights (models/linear.py)
+        pack_for_cpu(model)  # float32 CPU linears run rill's C kernel (or oneDNN) on packed weights (models/linear.py)
         self.model = model
         self.block_size = block_size
         self.sampler = sampler
@@ -49,7 +49,7 @@ class ModelRunner:
         self.kv_caches = [slots[j] for j in self.layout.layer_slot]
         self.graphs: DecodeGraphs | None = None  # capture_decode_graphs (--cuda-graphs)
         if self.device.type == "cpu" and cfg.dtype == torch.float32:
-            cpu_build.library()  # compile the C decode attention now (once per machine), not in the first step
+            cpu_build.library()  # the C kernels are built by now (pack_for_cpu), once per machine
 
     def capture_decode_graphs(self, max_batch: int, max_blocks: int) -> float:
         """Capture the decoder for decode steps of up to max_batch sequences whose block tables hold

@@ -1,19 +1,25 @@
-"""nn.Linear with faster CPU paths: oneDNN pre-packed weights, or a swapped product for few rows.
+"""nn.Linear with faster CPU paths: rill's C kernel or oneDNN over weights packed once, or a swapped
+product for few rows.
 
-Packed (pack_for_cpu, which ModelRunner calls on its model): a float32 CPU Linear holds its weight
-reordered once into oneDNN's blocked layout and multiplies with oneDNN's GEMM
-(`torch.ops.mkldnn._linear_pointwise`, the op torch.compile's CPU freezing uses). Measured on a 2-core
-AVX2 EPYC, one thread, weights cold: at 8 rows the [32000, 768] LM head 13.7 ms against F.linear's
-26.7, [4096, 768] 2.05 against 2.97; at prefill sizes (2,048 rows) about F.linear's speed. The MLP's
-down projection, first left unpacked (10-25% slower at prefill on a loaded machine), measured again on
-the quiet machine with two threads as two engines alternating steps: decode steps 1.05x faster at 8
-and at 64 sequences, prefill even (1.00-1.06x), so it is packed too; a layer built with `pack=False`
-stays unpacked. A packed layer's rows do not depend on how many
-rows are computed together (checked from 1 to 39 rows against 300), so it keeps what chunked prefill
-relies on (below). The plain weight is then freed unless another module shares it (a tied LM head
-keeps the embedding's, so it costs one more copy of that matrix).
+Packed in C (pack_for_cpu, which ModelRunner calls on its model, when rill's CPU kernels are built:
+kernels/cpu_build.py): a float32 CPU Linear holds its weight laid out in 16-column panels and
+multiplies with kernels/cpu_linear.c. Measured on a 2-core AVX2 EPYC, two threads, weights cold, against
+oneDNN's packed GEMM below: 1.3-1.5x faster at 1-16 rows (a decode step: the time to stream the
+weights), 0.84-1.06x at 2,048 rows (prefill). Every output is one chain of FMAs over the input features
+in order, so a row's result does not depend on the other rows, their number or the thread count.
 
-Unpacked (no oneDNN, another device or dtype, or pack=False), the few-rows path below.
+Packed for oneDNN (no C compiler, or RILL_CPU_KERNELS=0): the weight is reordered once into
+oneDNN's blocked layout and multiplied with oneDNN's GEMM (`torch.ops.mkldnn._linear_pointwise`, the
+op torch.compile's CPU freezing uses). Measured on the same machine, one thread, weights cold: at 8
+rows the [32000, 768] LM head 13.7 ms against F.linear's 26.7, [4096, 768] 2.05 against 2.97; at
+prefill sizes (2,048 rows) about F.linear's speed. A oneDNN-packed layer's rows do not depend on how
+many rows are computed together either (checked from 1 to 39 rows against 300).
+
+Either way the plain weight is then freed unless another module shares it (a tied LM head keeps the
+embedding's, so it costs one more copy of that matrix), and a layer built with `pack=False` stays
+unpacked. Both keep what chunked prefill relies on (below).
+
+Unpacked (neither the C kernel nor oneDNN, another device or dtype, or pack=False), the few-rows path below.
 
 y = x W^T with x [M, K] and M of 2-11 (a decode step at batch 2-11) is a skinny GEMM. torch on
 the CPU hands it to MKL as C[N, M] = W^T(T) x, and MKL's kernel for that shape is slow on AVX2
@@ -39,6 +45,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from rill.kernels import cpu_linear
+
 FEW_ROWS = range(2, 12)  # the row counts where the swapped form is another (faster) kernel
 
 _step = threading.local()  # per thread: the engine's worker runs the model; other threads are unaffected
@@ -62,12 +70,15 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters, same state-dict keys) with the CPU paths above."""
 
     packed: torch.Tensor | None = None  # oneDNN's reordered weight, set by pack_for_cpu
+    c_packed: cpu_linear.Packed | None = None  # the C kernel's panels, set by pack_for_cpu (preferred)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, pack: bool = True, **kw):
         super().__init__(in_features, out_features, bias, **kw)
         self.pack = pack  # whether pack_for_cpu packs this layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.c_packed is not None:
+            return cpu_linear.linear(x, self.c_packed, self.bias)
         if self.packed is not None:
             rows = x.reshape(-1, x.shape[-1])  # [T, in]
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
@@ -84,23 +95,27 @@ def _few_cpu_rows(x: torch.Tensor) -> bool:
 
 
 def pack_for_cpu(model: nn.Module) -> int:
-    """Pack the weight of every float32 CPU Linear in `model` for oneDNN (see the module's docstring)
-    and free the plain weight where no other module shares it. Returns the number of layers packed:
-    0 where torch has no oneDNN."""
+    """Pack the weight of every float32 CPU Linear in `model` for rill's C kernel, or for oneDNN where
+    the kernel is not built (see the module's docstring), and free the plain weight where no other
+    module shares it. Returns the number of layers packed: 0 where neither is available."""
     if not isinstance(model, nn.Module):  # a tensor-parallel driver's handle: its ranks hold the layers
         return 0
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return 0
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))  # a tied weight: 2
     num_packed = 0
     for layer in model.modules():
-        if not isinstance(layer, Linear) or not layer.pack or layer.packed is not None:
+        if not isinstance(layer, Linear) or not layer.pack or layer.packed is not None or layer.c_packed is not None:
             continue
         weight = layer.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             continue
         with torch.no_grad():
-            layer.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+            if cpu_linear.supports(weight):
+                layer.c_packed = cpu_linear.pack(weight)
+            elif onednn:
+                layer.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+            else:
+                continue
             if uses[id(weight)] == 1:
                 weight.data = torch.empty(0, dtype=weight.dtype)  # the packed copy replaces it
         num_packed += 1

@@ -1,0 +1,70 @@
+"""Linear layers on the CPU in C (kernels/cpu_linear.c): y = x W^T + b over a weight packed once.
+
+`pack(weight)` lays a float32 [N, K] weight out in 16-column panels for the kernel (the same bytes
+as the weight, plus padding to 16 columns); `linear(x, packed, bias)` multiplies. models/linear.py
+packs every float32 CPU Linear this way when the library is built (kernels/cpu_build.py), and
+keeps torch's oneDNN otherwise. A row's result does not depend on the other rows, their number or
+the thread count (see the C file), which is what chunked prefill and batched decoding rely on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rill.kernels import cpu_build
+
+PANEL = 16  # output columns per panel, as in cpu_linear.c
+_ALIGN = 8  # floats: 32 bytes, what the kernel's aligned loads need
+
+
+@dataclass(frozen=True)
+class Packed:
+    data: torch.Tensor  # the panels, [ceil(N/16) * K * 16] float32, 32-byte aligned (a view of its buffer)
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * 4
+
+
+def supports(weight: torch.Tensor) -> bool:
+    """Whether a Linear with this weight can run in C (else torch's oneDNN or F.linear)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+            and cpu_build.library() is not None)
+
+
+def pack(weight: torch.Tensor) -> Packed:
+    """Lay out a float32 [N, K] CPU weight for `linear` (a copy; the weight itself is left as it is)."""
+    weight = weight.detach().contiguous()
+    n, k = weight.shape
+    size = -(-n // PANEL) * PANEL * k
+    buffer = torch.empty(size + _ALIGN, dtype=torch.float32)
+    offset = (-(buffer.data_ptr() // 4)) % _ALIGN
+    data = buffer[offset:offset + size]
+    cpu_build.library().rill_linear_pack_f32(weight.data_ptr(), n, k, data.data_ptr())
+    return Packed(data, n, k)
+
+
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] float32 on the CPU -> [..., N]."""
+    k = packed.in_features
+    if x.shape[-1] != k:
+        raise ValueError(f"input has {x.shape[-1]} features, the layer takes {k}")
+    rows = x.reshape(-1, k)
+    if rows.dtype != torch.float32:
+        raise TypeError(f"the C linear layer takes float32, not {rows.dtype}")
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], packed.out_features, dtype=torch.float32)
+    if bias is not None:
+        bias = bias.detach().contiguous()
+    status = cpu_build.library().rill_linear_f32(
+        rows.data_ptr(), rows.stride(0), packed.data.data_ptr(), None if bias is None else bias.data_ptr(),
+        out.data_ptr(), rows.shape[0], packed.out_features, k, torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError(f"rill_linear_f32: no scratch for {rows.shape[0]} rows of {k}")
+    return out.view(*x.shape[:-1], packed.out_features)
