@@ -60,7 +60,7 @@ def _try_load() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:
         _why.append(str(e))
         log.warning("rill's C kernels are unavailable (%s); CPU decode attention uses the torch reference and "
-                    "linear layers torch's oneDNN, together about 1.7x slower per decode step at 64 sequences", e)
+                    "linear layers torch's oneDNN, together about 1.6x slower per decode step at 64 sequences", e)
         return None
     _declare(lib)
     return lib
