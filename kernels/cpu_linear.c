@@ -57,13 +57,13 @@ static void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t
 /* y[0..R)[0..cols) (+ bias) = a [k][6] (its first R rows) times b [k][16]. One body per R, so a
  * partial tile computes only its own rows (a decode batch of 8 is a tile of 6 and one of 2); named
  * accumulators, not an array, so that the compiler keeps all twelve in registers. */
-#define ROW(R, i)                                                                                         \
+#define ROW(R, i)                                                                                        \
     if (R > i) {                                                                                         \
         const __m256 x = _mm256_broadcast_ss(a + i);                                                     \
         c##i##0 = _mm256_fmadd_ps(x, b0, c##i##0);                                                       \
         c##i##1 = _mm256_fmadd_ps(x, b1, c##i##1);                                                       \
     }
-#define SAVE(R, i)                                                                                        \
+#define SAVE(R, i)                                                                                       \
     if (R > i) {                                                                                         \
         _mm256_storeu_ps(acc[i], c##i##0);                                                               \
         _mm256_storeu_ps(acc[i] + 8, c##i##1);                                                           \
@@ -75,10 +75,10 @@ static void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t
                c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                          \
         _Pragma("GCC unroll 4") for (int64_t kk = 0; kk < k; kk++, a += TILE_M, b += PANEL) {            \
             const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);                              \
-            ROW(R, 0) ROW(R, 1) ROW(R, 2) ROW(R, 3) ROW(R, 4) ROW(R, 5)                                               \
+            ROW(R, 0) ROW(R, 1) ROW(R, 2) ROW(R, 3) ROW(R, 4) ROW(R, 5)                                   \
         }                                                                                                 \
         float acc[TILE_M][PANEL];                                                                         \
-        SAVE(R, 0) SAVE(R, 1) SAVE(R, 2) SAVE(R, 3) SAVE(R, 4) SAVE(R, 5)                                             \
+        SAVE(R, 0) SAVE(R, 1) SAVE(R, 2) SAVE(R, 3) SAVE(R, 4) SAVE(R, 5)                                 \
         store(acc, bias, y, ldy, R, cols);                                                                \
     }
 TILE_R(1)

@@ -25,10 +25,6 @@ class Packed:
     out_features: int
     in_features: int
 
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel() * 4
-
 
 def supports(weight: torch.Tensor) -> bool:
     """Whether a Linear with this weight can run in C (else torch's oneDNN or F.linear)."""

@@ -68,7 +68,6 @@ class MLP(nn.Module):
         super().__init__()
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        # unpacked: oneDNN's GEMM is slower than F.linear for this shape at prefill (models/linear.py)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
