@@ -116,7 +116,7 @@ async def test_each_step_reaches_trio_in_one_delivery(model_dir):
 async def test_steps_that_pile_up_while_trio_is_busy_arrive_together_and_in_order(model_dir):
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     ids = prompts(1, seed=2)[0]
-    async with open_engine(config(model_dir)) as engine:
+    async with open_engine(config(model_dir, max_steps_ahead=0)) as engine:  # no brake: it may run on
         async with engine.submit("warm-up", ids, SamplingParams(temperature=0, max_tokens=1)) as warm_up:
             async for _ in warm_up:  # the worker thread is running and idle again
                 pass
@@ -137,6 +137,61 @@ async def test_steps_that_pile_up_while_trio_is_busy_arrive_together_and_in_orde
         assert engine.num_deliveries - deliveries < engine.num_delivered_steps - delivered_steps
         assert num_deltas < len(tokens)  # and the stream's tokens in them were merged
     assert tokens == offline(model_dir, ids, params)
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+async def test_the_worker_runs_at_most_max_steps_ahead_of_a_busy_trio_thread(model_dir, ahead):
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ids = prompts(1, seed=2)[0]
+    async with open_engine(config(model_dir, max_steps_ahead=ahead)) as engine:
+        async with engine.submit("warm-up", ids, SamplingParams(temperature=0, max_tokens=1)) as warm_up:
+            async for _ in warm_up:
+                pass
+        steps = engine.core.stats.num_steps
+        recv = engine.submit("busy", ids, params)
+        # Hold the trio thread (a blocking sleep, no checkpoint): the worker posts `ahead` steps, then
+        # waits for a delivery that cannot run until the hold ends.
+        deadline = time.monotonic() + 30
+        while engine.core.stats.num_steps < steps + ahead and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.3)  # ample time for a worker that would not wait to run on
+        assert engine.core.stats.num_steps == steps + ahead
+        tokens = []
+        async with recv:
+            async for delta in recv:
+                tokens += delta.token_ids
+    assert tokens == offline(model_dir, ids, params)
+
+
+async def test_the_outbox_brake_gives_up_after_its_timeout_and_lets_go_on_a_drain():
+    import threading
+
+    from rill.engine.outbox import Outbox
+
+    delivered = []
+    outbox = Outbox(trio.lowlevel.current_trio_token(), delivered.extend)
+    waits = {}
+
+    def worker():
+        outbox.post("a")
+        outbox.post("b")
+        t0 = time.monotonic()
+        waits["held"] = (outbox.wait_below(2, 0.2), time.monotonic() - t0)  # trio is held: times out
+        waits["drained"] = outbox.wait_below(2, 10.0)  # returns once trio drains
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    time.sleep(0.5)  # hold the trio thread: no drain can run
+    assert waits["held"][0] is False and waits["held"][1] >= 0.2
+    with trio.fail_after(10):
+        while thread.is_alive():
+            await trio.sleep(0.01)
+    assert waits["drained"] is True and delivered == ["a", "b"]
+
+
+def test_max_steps_ahead_below_zero_is_refused(model_dir):
+    with pytest.raises(ValueError, match="max_steps_ahead"):
+        config(model_dir, max_steps_ahead=-1)
 
 
 def test_coalesce_merges_each_sequence_in_order_up_to_its_end_or_turn_end():

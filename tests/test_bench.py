@@ -40,8 +40,10 @@ def assert_timing(stats: dict, n: int | None = None) -> None:
 
 def test_scheduler_bench_times_the_core_and_the_bridge(tmp_path, cache_dir):
     # --no-gc-freeze: this runs in the test process, whose heap a freeze would pin for the rest of the run
-    result = run_bench(tmp_path, cache_dir, "scheduler", "--num-seqs", "8", "--steps", "5", "--no-gc-freeze")
+    result = run_bench(tmp_path, cache_dir, "scheduler", "--num-seqs", "8", "--steps", "5", "--no-gc-freeze",
+                       "--max-steps-ahead", "2")
     assert result["benchmark"] == "scheduler" and result["config"]["gc_freeze"] is False
+    assert result["config"]["max_steps_ahead"] == 2
     assert_timing(result["core"], n=5)
     assert_timing(result["bridge"])
     assert_timing(result["bridge"]["delivery_latency"])

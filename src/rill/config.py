@@ -44,11 +44,17 @@ class EngineConfig:
     # first text, and its end at once), so a server with many streams and a fast model does per-event
     # work N times less often (SGLang's and vLLM's --stream-interval); 1: every step's tokens at once
     stream_interval: int = 1
+    # how many steps' output the worker may have waiting for the trio thread before it stops and
+    # waits (engine/outbox.py): a worker that runs far ahead of a busy trio thread holds the GIL it
+    # needs and delays every delta; 0: never wait
+    max_steps_ahead: int = 4
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps_ahead < 0:
+            raise ValueError(f"max_steps_ahead must be >= 0, got {self.max_steps_ahead}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.cuda_graphs and not str(self.device).startswith("cuda"):

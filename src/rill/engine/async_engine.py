@@ -32,6 +32,8 @@ _REQUEST_IDS = itertools.count()
 
 log = logging.getLogger("rill.engine")
 
+BRAKE_TIMEOUT_S = 1.0  # the longest the worker waits for trio to take its steps (EngineConfig.max_steps_ahead)
+
 
 # Messages into the worker: small frozen structs (STYLE.md principle 6).
 class Submit(msgspec.Struct, frozen=True):
@@ -106,6 +108,9 @@ class AsyncEngine:
         self._outbox = Outbox(trio_token, self._drain)  # batches of (deltas, stats, steps)
         self.num_deliveries = 0  # trio-side callbacks that delivered deltas
         self.num_delivered_steps = 0  # engine steps whose deltas they carried
+        # The worker's brake (EngineConfig.max_steps_ahead): it waits, without the GIL, while this
+        # many steps' deltas wait for trio; a second at most, so a stalled trio never stalls it for good.
+        self.max_steps_ahead = core.config.max_steps_ahead
         self._progress = trio.lowlevel.ParkingLot()  # tasks waiting for live sessions' input progress
         # --stream-interval N (EngineConfig.stream_interval): tokens held back per sequence until N gather
         self.stream_interval = core.config.stream_interval
@@ -290,6 +295,8 @@ class AsyncEngine:
                 if self.core.has_work or self.core._pending:
                     deltas = self.core.step()
                     self._post(deltas, self.core.snapshot())
+                    if self.max_steps_ahead:
+                        self._outbox.wait_below(self.max_steps_ahead, BRAKE_TIMEOUT_S)
                 else:
                     if num_applied:  # an abort or a parked session changed the state: /metrics shows it now
                         self._post([], self.core.snapshot(), steps=0)
