@@ -1,11 +1,12 @@
-"""Builds rill's CPU kernels (kernels/cpu_attn.c, kernels/cpu_linear.c) once per machine into one
-library and loads it with ctypes.
+"""Builds rill's CPU kernels (kernels/cpu_attn.c, kernels/cpu_linear.c, kernels/cpu_glue.c) once per
+machine into one library and loads it with ctypes.
 
 The library is compiled with the system's C compiler (`cc`, or $CC) for this CPU (-march=native)
 and kept under ~/.cache/rill/kernels (or $RILL_CACHE/kernels), named by a hash of the source,
 the compiler and the CPU's flags, so an edit, a new compiler or another machine builds afresh.
 Without a compiler, or with RILL_CPU_KERNELS=0, `library()` returns None and the callers keep
-torch's paths (the reference decode attention, oneDNN's linear layers); the reason is logged once.
+torch's paths (the reference decode attention, oneDNN's linear layers, torch's elementwise ops); the
+reason is logged once.
 
 OpenMP: the library links libgomp by its soname, which resolves to the copy torch loaded, so its
 parallel regions share torch's thread pool instead of starting a second one.
@@ -25,7 +26,7 @@ from pathlib import Path
 
 log = logging.getLogger("rill.kernels")
 
-SOURCES = (Path(__file__).with_name("cpu_attn.c"), Path(__file__).with_name("cpu_linear.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attn.c", "cpu_linear.c", "cpu_glue.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 _lock = threading.Lock()
 _loaded: list = []  # [library or None] once tried
@@ -120,3 +121,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rill_linear_pack_f32.argtypes = [ptr, i64, i64, ptr]
     lib.rill_linear_f32.restype = ctypes.c_int
     lib.rill_linear_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.rill_rms_norm_f32.restype = None
+    lib.rill_rms_norm_f32.argtypes = [ptr, ptr, ptr, f32, ptr, i64, i64, ctypes.c_int]
+    lib.rill_rotary_kv_f32.restype = None
+    lib.rill_rotary_kv_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.rill_silu_mul_f32.restype = None
+    lib.rill_silu_mul_f32.argtypes = [ptr, i64, i64, ptr, ctypes.c_int]

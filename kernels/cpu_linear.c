@@ -63,6 +63,11 @@ static void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t
         c##i##0 = _mm256_fmadd_ps(x, b0, c##i##0);                                                       \
         c##i##1 = _mm256_fmadd_ps(x, b1, c##i##1);                                                       \
     }
+#define STORE_Y(R, i)                                                                                    \
+    if (R > i) {                                                                                         \
+        _mm256_storeu_ps(y + i * ldy, bias ? _mm256_add_ps(c##i##0, _mm256_loadu_ps(bias)) : c##i##0);   \
+        _mm256_storeu_ps(y + i * ldy + 8, bias ? _mm256_add_ps(c##i##1, _mm256_loadu_ps(bias + 8)) : c##i##1); \
+    }
 #define SAVE(R, i)                                                                                       \
     if (R > i) {                                                                                         \
         _mm256_storeu_ps(acc[i], c##i##0);                                                               \
@@ -76,6 +81,10 @@ static void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t
         _Pragma("GCC unroll 4") for (int64_t kk = 0; kk < k; kk++, a += TILE_M, b += PANEL) {            \
             const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);                              \
             ROW(R, 0) ROW(R, 1) ROW(R, 2) ROW(R, 3) ROW(R, 4) ROW(R, 5)                                   \
+        }                                                                                                 \
+        if (cols == PANEL) { /* a whole panel: straight from the registers */                              \
+            STORE_Y(R, 0) STORE_Y(R, 1) STORE_Y(R, 2) STORE_Y(R, 3) STORE_Y(R, 4) STORE_Y(R, 5)           \
+            return;                                                                                       \
         }                                                                                                 \
         float acc[TILE_M][PANEL];                                                                         \
         SAVE(R, 0) SAVE(R, 1) SAVE(R, 2) SAVE(R, 3) SAVE(R, 4) SAVE(R, 5)                                 \

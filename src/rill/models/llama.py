@@ -2,7 +2,10 @@
 
 Projections are fused (qkv, gate_up) for fewer matmuls per layer; the loader maps
 Hugging Face's separate tensors into them.
-Their Linear takes a faster CPU path for a decode step's few rows (models/linear.py).
+Their Linear takes a faster CPU path for a decode step's few rows (models/linear.py). On the CPU in
+float32 the elementwise work between the matrix products (RMSNorm with the residual add, the rotary
+embedding with the KV write, SiLU-times-up) runs in C when rill's kernels are built
+(kernels/cpu_glue.py), one pass each instead of a dozen torch operators.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rill import kernels
+from rill.kernels import cpu_glue
 from rill.models.attention import AttentionMetadata
 from rill.models.config import ModelConfig
 from rill.models.linear import Linear
@@ -25,6 +29,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_glue.supports(x, self.weight):
+            return cpu_glue.rms_norm(x, self.weight, self.eps)
         # float32 statistics, as transformers computes them
         dtype = x.dtype
         x = x.float()
@@ -47,15 +53,21 @@ class Attention(nn.Module):
         self.softcap: float | None = None  # attention logit soft-capping (Gemma 2 sets it)
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv_proj(x)
         k_cache, v_cache = kv_cache
-        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.q_norm is None and cpu_glue.supports(qkv, cos, k_cache, v_cache):
+            # one pass in C: q and k rotated in qkv, k and v written to their cache slots
+            q = cpu_glue.rotary_write_kv(qkv, cos, sin, self.num_heads, self.num_kv_heads, k_cache, v_cache,
+                                         meta.slot_mapping)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+            k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+            v = v.view(-1, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, self.scale, self.window,
             max_query_len=meta.max_query_len, softcap=self.softcap,  # known on the host: no device sync
@@ -71,7 +83,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_glue.supports(gate_up):
+            return self.down_proj(cpu_glue.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -84,6 +99,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache, meta):
+        if x.is_contiguous() and cpu_glue.supports(x, self.post_attention_layernorm.weight):
+            # The residual stream x is the step's own (the embedding's output, then each layer's):
+            # updated in place, the attention's add fused into the next norm's pass.
+            attn = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+            h = cpu_glue.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps, delta=attn)
+            return x.add_(self.mlp(h))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -1,0 +1,66 @@
+"""A decoder layer's elementwise work on the CPU in C (kernels/cpu_glue.c): RMSNorm (with the residual
+add before it), the rotary embedding with the KV cache write, and the gated MLP's SiLU-times-up.
+
+models/llama.py calls these for float32 CPU tensors when the library is built (kernels/cpu_build.py)
+and keeps its torch code otherwise; each function here computes what that torch code computes, one
+row at a time (a row's result does not depend on the other rows or the thread count).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rill.kernels import cpu_build
+
+
+def supports(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors can go to the C glue (float32, on the CPU, the library built)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_build.library() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None) -> torch.Tensor:
+    """weight * x / sqrt(mean(x^2) + eps) over the last dimension. With delta, x += delta first, in
+    place (x must then be contiguous): the residual stream's add and the next norm in one pass."""
+    dim = x.shape[-1]
+    if delta is not None:
+        if not x.is_contiguous():
+            raise ValueError("rms_norm with a delta updates x in place: x must be contiguous")
+        delta = delta.contiguous()
+    else:
+        x = x.contiguous()
+    out = torch.empty_like(x)
+    cpu_build.library().rill_rms_norm_f32(
+        x.data_ptr(), None if delta is None else delta.data_ptr(), weight.detach().contiguous().data_ptr(), eps,
+        out.data_ptr(), x.numel() // dim, dim, torch.get_num_threads(),
+    )
+    return out
+
+
+def rotary_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The fused qkv projection's output [T, (H + 2 Hkv) D] -> q [T, H, D] (a view of qkv), rotated;
+    k rotated and, with v, written to the cache slots (a negative slot: not written). qkv is changed
+    in place. cos, sin: [T, 1, D] (models/rope.py); caches [N, B, Hkv, D] contiguous."""
+    rows, width = qkv.shape
+    dim = width // (num_heads + 2 * num_kv_heads)
+    if qkv.stride(1) != 1:
+        raise ValueError("qkv's rows must be contiguous")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV caches must be contiguous")
+    cos, sin = cos.reshape(rows, dim).contiguous(), sin.reshape(rows, dim).contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    cpu_build.library().rill_rotary_kv_f32(
+        qkv.data_ptr(), qkv.stride(0), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), torch.get_num_threads(),
+    )
+    return qkv[:, : num_heads * dim].view(rows, num_heads, dim)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2 I] -> [..., I]: silu(gate) * up, gate and up the two halves."""
+    gate_up = gate_up.contiguous()
+    inter = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.float32)
+    cpu_build.library().rill_silu_mul_f32(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(),
+                                          torch.get_num_threads())
+    return out
