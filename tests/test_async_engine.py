@@ -189,9 +189,12 @@ async def test_the_outbox_brake_gives_up_after_its_timeout_and_lets_go_on_a_drai
     assert waits["drained"] is True and delivered == ["a", "b"]
 
 
-def test_max_steps_ahead_below_zero_is_refused(model_dir):
+def test_max_steps_ahead_below_zero_is_refused_and_its_default_depends_on_the_device(model_dir):
     with pytest.raises(ValueError, match="max_steps_ahead"):
         config(model_dir, max_steps_ahead=-1)
+    assert config(model_dir).max_steps_ahead == 4
+    assert EngineConfig(model=str(model_dir), device="cuda").max_steps_ahead == 0
+    assert config(model_dir, max_steps_ahead=0).max_steps_ahead == 0
 
 
 def test_coalesce_merges_each_sequence_in_order_up_to_its_end_or_turn_end():

@@ -30,9 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-interval", type=int, default=_env("STREAM_INTERVAL", 1, int),
                    help="send a stream's tokens in groups of this many (one by one until the first text; "
                         "the end at once; default 1)")
-    p.add_argument("--max-steps-ahead", type=int, default=_env("MAX_STEPS_AHEAD", 4, int),
+    p.add_argument("--max-steps-ahead", type=int, default=_env("MAX_STEPS_AHEAD", None, int),
                    help="engine steps whose output may wait for the server's event loop before the engine "
-                        "waits for it (0: never; default 4)")
+                        "waits for it (0: never; default 4 on the CPU, 0 on CUDA)")
     p.add_argument("--cuda-graphs", action="store_true", default=bool(_env("CUDA_GRAPHS", "")),
                    help="replay decode steps from CUDA graphs captured at start (--device cuda)")
     p.add_argument("--max-num-encoder-tokens", type=int, default=_env("MAX_NUM_ENCODER_TOKENS", None, int),
@@ -68,7 +68,7 @@ def _engine_config(args, template):
         max_num_encoder_tokens=getattr(args, "max_num_encoder_tokens", None),
         cuda_graphs=getattr(args, "cuda_graphs", False),
         stream_interval=getattr(args, "stream_interval", 1),
-        max_steps_ahead=getattr(args, "max_steps_ahead", 4),
+        max_steps_ahead=getattr(args, "max_steps_ahead", None),
     )
 
 

@@ -46,13 +46,16 @@ class EngineConfig:
     stream_interval: int = 1
     # how many steps' output the worker may have waiting for the trio thread before it stops and
     # waits (engine/outbox.py): a worker that runs far ahead of a busy trio thread holds the GIL it
-    # needs and delays every delta; 0: never wait
-    max_steps_ahead: int = 4
+    # needs and delays every delta; 0: never wait. None: 4 on the CPU, 0 on CUDA, where the worker
+    # leaves the GIL while the GPU computes and a brake would only cap the tokens a delivery carries
+    max_steps_ahead: int | None = None
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps_ahead is None:
+            self.max_steps_ahead = 0 if str(self.device).startswith("cuda") else 4
         if self.max_steps_ahead < 0:
             raise ValueError(f"max_steps_ahead must be >= 0, got {self.max_steps_ahead}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -65,7 +65,7 @@ def add_arguments(p) -> None:
                    help="leave the startup heap in the garbage collector's walks (rill serve freezes it: rill.gc_heap)")
     p.add_argument("--max-steps-ahead", type=int, default=4,
                    help="steps the worker may run ahead of trio's deliveries before it waits (rill serve's "
-                        "--max-steps-ahead; 0: never waits; default 4)")
+                        "--max-steps-ahead; 0: never waits; default 4, as on the CPU)")
 
 
 def _config(args, model: str):
