@@ -8,6 +8,8 @@ row at a time (a row's result does not depend on the other rows or the thread co
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from rill.kernels import cpu_build
@@ -18,9 +20,29 @@ def supports(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_build.library() is not None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None) -> torch.Tensor:
+_scratch = threading.local()  # per thread: the engine's worker reuses its buffers every layer and step
+
+
+def scratch(name: str, rows: int, cols: int) -> torch.Tensor:
+    """A [rows, cols] float32 buffer of this thread's, the same memory at every call with this name: for
+    an activation that is dead before the next call asks for it (a layer's qkv, its norm's output,
+    its MLP's gate_up). A fresh tensor of 2 MB or more costs its page faults every time (with huge
+    pages, 2 MB zeroed per fault): at a prefill chunk of 2,048 rows those outweighed the ops."""
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    key = (name, torch.is_inference_mode_enabled())  # an inference tensor is read-only outside it
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < rows * cols:
+        buf = buffers[key] = torch.empty(rows * cols, dtype=torch.float32)
+    return buf[: rows * cols].view(rows, cols)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension. With delta, x += delta first, in
-    place (x must then be contiguous): the residual stream's add and the next norm in one pass."""
+    place (x must then be contiguous): the residual stream's add and the next norm in one pass. out:
+    where to write (contiguous, x's size), else a new tensor."""
     dim = x.shape[-1]
     if delta is not None:
         if not x.is_contiguous():
@@ -28,7 +50,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Ten
         delta = delta.contiguous()
     else:
         x = x.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out.view(x.shape)
     cpu_build.library().rill_rms_norm_f32(
         x.data_ptr(), None if delta is None else delta.data_ptr(), weight.detach().contiguous().data_ptr(), eps,
         out.data_ptr(), x.numel() // dim, dim, torch.get_num_threads(),
@@ -56,11 +78,12 @@ def rotary_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num
     return qkv[:, : num_heads * dim].view(rows, num_heads, dim)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[..., 2 I] -> [..., I]: silu(gate) * up, gate and up the two halves."""
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., 2 I] -> [..., I]: silu(gate) * up, gate and up the two halves (out: where, contiguous)."""
     gate_up = gate_up.contiguous()
     inter = gate_up.shape[-1] // 2
-    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.float32)
+    shape = (*gate_up.shape[:-1], inter)
+    out = torch.empty(shape, dtype=torch.float32) if out is None else out.view(shape)
     cpu_build.library().rill_silu_mul_f32(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(),
                                           torch.get_num_threads())
     return out

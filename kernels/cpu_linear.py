@@ -44,8 +44,9 @@ def pack(weight: torch.Tensor) -> Packed:
     return Packed(data, n, k)
 
 
-def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] float32 on the CPU -> [..., N]."""
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] float32 on the CPU -> [..., N] (into out, contiguous with as many elements, if given)."""
     k = packed.in_features
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the layer takes {k}")
@@ -54,7 +55,10 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
         raise TypeError(f"the C linear layer takes float32, not {rows.dtype}")
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], packed.out_features, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(rows.shape[0], packed.out_features, dtype=torch.float32)
+    elif not (out.is_contiguous() and out.dtype == torch.float32 and out.numel() == rows.shape[0] * packed.out_features):
+        raise ValueError(f"out must be a contiguous float32 tensor of {rows.shape[0]} x {packed.out_features}")
     if bias is not None:
         bias = bias.detach().contiguous()
     status = cpu_build.library().rill_linear_f32(

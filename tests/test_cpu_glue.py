@@ -156,3 +156,57 @@ def test_a_model_computes_the_same_with_and_without_the_c_glue(tmp_path, monkeyp
         assert [t for t, _ in with_glue[rid]] == [t for t, _ in without[rid]]
         torch.testing.assert_close(torch.tensor([lp for _, lp in with_glue[rid]]),
                                    torch.tensor([lp for _, lp in without[rid]]), rtol=1e-4, atol=1e-4)
+
+
+def test_scratch_is_one_buffer_per_name_and_thread_that_grows_as_needed():
+    import threading
+
+    a = cpu_glue.scratch("test-a", 4, 8)
+    assert a.shape == (4, 8) and a.dtype == torch.float32
+    assert cpu_glue.scratch("test-a", 2, 8).data_ptr() == a.data_ptr()  # smaller: the same memory
+    assert cpu_glue.scratch("test-b", 4, 8).data_ptr() != a.data_ptr()
+    bigger = cpu_glue.scratch("test-a", 64, 64)
+    assert bigger.shape == (64, 64) and cpu_glue.scratch("test-a", 4, 8).data_ptr() == bigger.data_ptr()
+    with torch.inference_mode():
+        assert cpu_glue.scratch("test-a", 4, 8).data_ptr() != bigger.data_ptr()
+    other = []
+    thread = threading.Thread(target=lambda: other.append(cpu_glue.scratch("test-a", 4, 8).data_ptr()))
+    thread.start()
+    thread.join()
+    assert other[0] != bigger.data_ptr()
+
+
+def test_linear_writes_into_out_and_refuses_a_wrong_one():
+    from rill.kernels import cpu_linear
+
+    w = torch.randn(40, 24, generator=gen(20))
+    x = torch.randn(7, 24, generator=gen(21))
+    packed = cpu_linear.pack(w)
+    out = torch.empty(7 * 40)
+    y = cpu_linear.linear(x, packed, None, out.view(7, 40))
+    assert y.data_ptr() == out.data_ptr() and torch.equal(y, cpu_linear.linear(x, packed))
+    for bad in (torch.empty(7, 39), torch.empty(40, 7).t(), torch.empty(7, 40, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="out must be"):
+            cpu_linear.linear(x, packed, None, bad)
+
+
+def test_a_model_computes_the_same_bits_with_scratch_buffers_as_with_fresh_ones(tmp_path, monkeypatch):
+    from rill.config import EngineConfig
+    from rill.engine.core import EngineCore
+    from rill.sampling_params import SamplingParams
+
+    model = make_model_dir(tmp_path, "qwen2")
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+
+    def run():
+        core = EngineCore(EngineConfig(model=str(model), num_kv_blocks=64, max_num_batched_tokens=40))
+        for i in range(3):
+            core.add_request(f"r{i}", [(5 * i + j) % 300 + 3 for j in range(30 + 7 * i)], params)
+        out = []
+        while core.has_work:
+            out += [(d.request_id, d.token_ids, [lp.logprob for lp in d.logprobs or []]) for d in core.step()]
+        return out
+
+    reused = run()
+    monkeypatch.setattr(cpu_glue, "scratch", lambda name, rows, cols: torch.empty(rows, cols))
+    assert reused == run()

@@ -77,9 +77,11 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias, **kw)
         self.pack = pack  # whether pack_for_cpu packs this layer
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out: where the C kernel may write the result (its other paths return a new tensor): use the
+        return value."""
         if self.c_packed is not None:
-            return cpu_linear.linear(x, self.c_packed, self.bias)
+            return cpu_linear.linear(x, self.c_packed, self.bias, out)
         if self.packed is not None:
             rows = x.reshape(-1, x.shape[-1])  # [T, in]
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")

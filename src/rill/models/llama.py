@@ -53,9 +53,11 @@ class Attention(nn.Module):
         self.softcap: float | None = None  # attention logit soft-capping (Gemma 2 sets it)
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata):
-        qkv = self.qkv_proj(x)
         k_cache, v_cache = kv_cache
-        if self.q_norm is None and cpu_glue.supports(qkv, cos, k_cache, v_cache):
+        glue = self.q_norm is None and cpu_glue.supports(x, cos, k_cache, v_cache)
+        # on the C path qkv lives in this thread's scratch: q, a view of it, is dead once attended
+        qkv = self.qkv_proj(x, out=cpu_glue.scratch("qkv", x.shape[0], self.q_size + 2 * self.kv_size) if glue else None)
+        if glue and qkv.dtype == torch.float32:
             # one pass in C: q and k rotated in qkv, k and v written to their cache slots
             q = cpu_glue.rotary_write_kv(qkv, cos, sin, self.num_heads, self.num_kv_heads, k_cache, v_cache,
                                          meta.slot_mapping)
@@ -83,9 +85,13 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        gate_up = self.gate_up_proj(x)
-        if cpu_glue.supports(gate_up):
-            return self.down_proj(cpu_glue.silu_mul(gate_up))
+        if cpu_glue.supports(x):  # both intermediates in this thread's scratch: dead after down_proj
+            rows = x.numel() // x.shape[-1]
+            gate_up = self.gate_up_proj(x, out=cpu_glue.scratch("gate_up", rows, 2 * self.intermediate))
+            if gate_up.dtype == torch.float32:
+                return self.down_proj(cpu_glue.silu_mul(gate_up, out=cpu_glue.scratch("act", rows, self.intermediate)))
+        else:
+            gate_up = self.gate_up_proj(x)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -99,11 +105,15 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache, meta):
-        if x.is_contiguous() and cpu_glue.supports(x, self.post_attention_layernorm.weight):
+        if x.dim() == 2 and x.is_contiguous() and cpu_glue.supports(x, self.post_attention_layernorm.weight,
+                                                                     self.input_layernorm.weight):
             # The residual stream x is the step's own (the embedding's output, then each layer's):
             # updated in place, the attention's add fused into the next norm's pass.
-            attn = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-            h = cpu_glue.rms_norm(x, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps, delta=attn)
+            # The norms' outputs share one scratch buffer: each is dead once the next projection read it.
+            first, second = self.input_layernorm, self.post_attention_layernorm
+            h = cpu_glue.rms_norm(x, first.weight, first.eps, out=cpu_glue.scratch("norm", *x.shape))
+            attn = self.self_attn(h, cos, sin, kv_cache, meta)
+            h = cpu_glue.rms_norm(x, second.weight, second.eps, delta=attn, out=cpu_glue.scratch("norm", *x.shape))
             return x.add_(self.mlp(h))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
