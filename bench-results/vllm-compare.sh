@@ -41,7 +41,7 @@ OMP_NUM_THREADS=$RILL_THREADS "$RILL" serve --model "$MODEL_DIR" --served-model-
   --port "$RILL_PORT" --dtype float32 --kv-cache-gb 2 "${LIMITS[@]}" \
   >"$OUT/rill-serve.log" 2>&1 &
 pids+=($!)
-TCMALLOC=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4/ {print $NF; exit}')
+TCMALLOC=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4/ && !p {p = $NF} END {print p}')  # reads all: no SIGPIPE under pipefail
 LD_PRELOAD=$TCMALLOC VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-$((VLLM_THREADS - 1)) \
   "$VLLM_VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name model --host 127.0.0.1 --port "$VLLM_PORT" \
   --dtype float32 "${LIMITS[@]}" >"$OUT/vllm-serve.log" 2>&1 &
