@@ -118,3 +118,15 @@ def test_serve_bench_runs_clients_against_an_in_process_server(tmp_path, cache_d
         assert level["output_tokens"] == 6 * 2 * clients  # ignore_eos: every request ran to max_tokens
         assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"]
         assert 0 < level["itl_p50_ms"] <= level["itl_p99_ms"]
+
+
+def test_scheduler_bench_outputs_outlast_the_warm_up_at_1024_requests():
+    # Regression: at 1,024 x 64-token prompts the requests that decode early take a step's budget from
+    # the prefill, the warm-up ran past the outputs' length, and a timed step lost 32 finished requests.
+    from argparse import Namespace
+
+    from rill.bench.scheduler import _max_tokens
+
+    args = Namespace(steps=300, num_seqs=1024, prompt_tokens=64)
+    assert _max_tokens(args) >= 300 + 1024 * 64 // (2048 - 1024)
+    assert _max_tokens(Namespace(steps=10, num_seqs=4000, prompt_tokens=16)) >= 10 + 4000 * 16 // 64

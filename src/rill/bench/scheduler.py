@@ -79,8 +79,11 @@ def _config(args, model: str):
 
 
 def _max_tokens(args) -> int:
-    # Prefill takes ceil(num_seqs * prompt / 2048) steps; outputs must outlast it plus the timed steps.
-    return args.steps + args.num_seqs * args.prompt_tokens // 2048 + 8
+    # Outputs must outlast the warm-up plus the timed steps. While the prompts prefill, the requests
+    # already decoding take one token each of a step's 2,048, so the prefill takes up to
+    # num_seqs * prompt / (2048 - num_seqs) steps (32 at 256 x 64, 64 at 1,024 x 64).
+    budget = max(2048 - args.num_seqs, 64)
+    return args.steps + -(-args.num_seqs * args.prompt_tokens // budget) + 8
 
 
 def _requests(args, vocab_size: int):
