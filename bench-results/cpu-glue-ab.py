@@ -1,8 +1,10 @@
-"""Issue 33: a decoder layer's elementwise work in C (kernels/cpu_glue.c) against the torch code it replaces, two
-engines in one process (same model and requests) alternating one step each; prefill and decode wall time at
-THREADS threads. The torch side has cpu_glue.supports() return False around each of its steps.
+"""Issue 33: the C glue's two parts against what they replaced, two engines in one process (same model and
+requests) alternating one step each; prefill and decode wall time at THREADS threads.
 
-    B=8 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-glue-ab.py
+OFF=glue (default): the elementwise ops in C (kernels/cpu_glue.c) against torch's (cpu_glue.supports -> False).
+OFF=scratch: the layer's activations in reused buffers (cpu_glue.scratch) against fresh tensors each time.
+
+    B=8|64 OFF=glue|scratch ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-glue-ab.py
 """
 import os, time, random, statistics
 import torch
@@ -15,9 +17,13 @@ from rill.sampling_params import SamplingParams
 MODEL = str(Path.home() / ".cache/rill/bench/random-qwen2-100m-seed0-v1")
 B = int(os.environ.get("B", "8"))
 PROMPT = int(os.environ.get("PROMPT", "256"))
-real = cpu_glue.supports
+OFF = os.environ.get("OFF", "glue")
+ATTR, REPLACEMENT = {"glue": ("supports", lambda *tensors: False),
+                     "scratch": ("scratch", lambda name, rows, cols: torch.empty(rows, cols))}[OFF]
+real = getattr(cpu_glue, ATTR)
+OLD, NEW = {"glue": ("torch", "c"), "scratch": ("fresh", "scratch")}[OFF]
 cores = {name: EngineCore(EngineConfig(model=MODEL, dtype="float32", seed=0, max_num_seqs=64, max_num_batched_tokens=2048))
-         for name in ("torch", "c")}
+         for name in (OLD, NEW)}
 params = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
 for core in cores.values():
     rng = random.Random(0)
@@ -26,13 +32,13 @@ for core in cores.values():
 
 
 def step(name):
-    cpu_glue.supports = real if name == "c" else (lambda *t: False)
+    setattr(cpu_glue, ATTR, real if name == NEW else REPLACEMENT)
     try:
         t = time.perf_counter()
         out = cores[name].step()
         return time.perf_counter() - t, out
     finally:
-        cpu_glue.supports = real
+        setattr(cpu_glue, ATTR, real)
 
 
 def prefilling(core):
@@ -54,8 +60,8 @@ for name in cores:
     ts = times[name]
     print(f"B={B} {name:6s} prefill {sum(prefill[name])*1000:7.0f} ms ({len(prefill[name])} steps)  "
           f"decode min {min(ts)*1000:6.1f} p50 {statistics.median(ts)*1000:6.1f} ms")
-p, q = times["torch"], times["c"]
-print(f"torch/C: prefill {sum(prefill['torch'])/sum(prefill['c']):.3f}x  decode p50 {statistics.median(p)/statistics.median(q):.3f}x"
-      f"  min {min(p)/min(q):.3f}x")
-same = sum(a == b for a, b in zip(tokens["torch"], tokens["c"]))
-print(f"decode steps with identical greedy tokens: {same}/{len(tokens['torch'])}")
+p, q = times[OLD], times[NEW]
+print(f"{OLD}/{NEW}: prefill {sum(prefill[OLD])/sum(prefill[NEW]):.3f}x  decode p50 "
+      f"{statistics.median(p)/statistics.median(q):.3f}x  min {min(p)/min(q):.3f}x")
+same = sum(a == b for a, b in zip(tokens[OLD], tokens[NEW]))
+print(f"decode steps with identical greedy tokens: {same}/{len(tokens[OLD])}")

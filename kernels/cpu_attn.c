@@ -42,10 +42,7 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : p * two_n.f;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define RILL_AVX2 1
-#endif
+#include "cpu_vec.h"
 
 typedef struct {
     const float *k_cache, *v_cache;
@@ -66,25 +63,6 @@ static void row_offsets(const Pages *pg, int64_t first, int64_t last, int64_t *o
 }
 
 #ifdef RILL_AVX2
-/* exp_nonpositive on eight lanes. */
-static inline __m256 exp_nonpositive8(__m256 x) {
-    const __m256 floor_ = _mm256_set1_ps(-87.0f);
-    const __m256 c = _mm256_max_ps(x, floor_);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), c);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(two_n)), _mm256_cmp_ps(x, floor_, _CMP_GE_OQ));
-}
-
 /* The eight lanes' sums of eight vectors, as one vector: [sum(a0), ..., sum(a7)]. */
 static inline __m256 sum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -185,7 +163,7 @@ static void softmax(float *s, int64_t width, float scale, float softcap) {
 #ifdef RILL_AVX2
     __m256 sums = _mm256_setzero_ps();
     for (const __m256 mv = _mm256_set1_ps(m); i + 8 <= width; i += 8) {
-        const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
         _mm256_storeu_ps(s + i, e);
         sums = _mm256_add_ps(sums, e);
     }

@@ -27,6 +27,7 @@ from pathlib import Path
 log = logging.getLogger("rill.kernels")
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attn.c", "cpu_linear.c", "cpu_glue.c"))
+HEADERS = (Path(__file__).with_name("cpu_vec.h"),)  # included by the sources: part of the hash
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 _lock = threading.Lock()
 _loaded: list = []  # [library or None] once tried
@@ -90,7 +91,7 @@ def _cpu_flags() -> str:
 def _build() -> Path:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    texts = [source.read_text() for source in SOURCES]
+    texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*texts, cc, version, _cpu_flags(), *_FLAGS]).encode()).hexdigest()
     target = _cache_dir() / f"rill_cpu-{key[:16]}.so"
     if target.is_file():

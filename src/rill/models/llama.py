@@ -57,7 +57,7 @@ class Attention(nn.Module):
         glue = self.q_norm is None and cpu_glue.supports(x, cos, k_cache, v_cache)
         # on the C path qkv lives in this thread's scratch: q, a view of it, is dead once attended
         qkv = self.qkv_proj(x, out=cpu_glue.scratch("qkv", x.shape[0], self.q_size + 2 * self.kv_size) if glue else None)
-        if glue and qkv.dtype == torch.float32:
+        if glue:
             # one pass in C: q and k rotated in qkv, k and v written to their cache slots
             q = cpu_glue.rotary_write_kv(qkv, cos, sin, self.num_heads, self.num_kv_heads, k_cache, v_cache,
                                          meta.slot_mapping)
@@ -88,11 +88,8 @@ class MLP(nn.Module):
         if cpu_glue.supports(x):  # both intermediates in this thread's scratch: dead after down_proj
             rows = x.numel() // x.shape[-1]
             gate_up = self.gate_up_proj(x, out=cpu_glue.scratch("gate_up", rows, 2 * self.intermediate))
-            if gate_up.dtype == torch.float32:
-                return self.down_proj(cpu_glue.silu_mul(gate_up, out=cpu_glue.scratch("act", rows, self.intermediate)))
-        else:
-            gate_up = self.gate_up_proj(x)
-        gate, up = gate_up.split(self.intermediate, dim=-1)
+            return self.down_proj(cpu_glue.silu_mul(gate_up, out=cpu_glue.scratch("act", rows, self.intermediate)))
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
