@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from helpers_tokenizers import byte_level_bpe, qwen_config, save_dir
+from helpers_tokenizers import QWEN_SPECIALS, byte_level_bpe, qwen_config, save_dir
 from rill.models.attention import AttentionMetadata
 from rill.models.loader import load
 
@@ -63,10 +63,24 @@ def spread_norm_weights(model) -> None:
                 param.normal_(0.0, 0.2)
 
 
+def never_ends(model) -> None:
+    """Zero the output rows of the special tokens (the end of turn among them): their logit is exactly 0
+    while the largest of the other few hundred random logits is above 0, so greedy decoding never stops on
+    its own, whatever the float rounding of the machine. For tests that must interrupt an answer."""
+    backend = byte_level_bpe()
+    with torch.no_grad():
+        for token in QWEN_SPECIALS:
+            model.get_output_embeddings().weight[backend.token_to_id(token)].zero_()
+
+
 def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch.float32, seed: int = 0,
-                   **overrides) -> Path:
-    """Save a random model of `arch` with a ByteLevel BPE tokenizer and a ChatML template."""
+                   endless: bool = False, **overrides) -> Path:
+    """Save a random model of `arch` with a ByteLevel BPE tokenizer and a ChatML template; `endless`:
+    one whose greedy answers never end (never_ends)."""
     prepare = spread_norm_weights if arch.startswith("gemma") else None
+    if endless:
+        assert prepare is None and not overrides.get("tie_word_embeddings"), "the rows zeroed are the output's own"
+        prepare = never_ends
     return save_random_model(path, lambda vocab_size: _config(arch, vocab_size, **overrides), dtype, seed, prepare)
 
 

@@ -27,6 +27,12 @@ def llm_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def endless_llm_dir(tmp_path_factory):
+    """An LLM whose greedy answer never ends on its own: a barge-in must be what stops it."""
+    return make_model_dir(tmp_path_factory.mktemp("endless"), "mistral", endless=True)
+
+
+@pytest.fixture(scope="module")
 def speech_dir(tmp_path_factory):
     return make_whisper_dir(tmp_path_factory.mktemp("whisper"), multilingual=False, max_source_positions=250,
                             max_target_positions=64)
@@ -192,8 +198,8 @@ async def test_malformed_or_oversized_audio_gets_one_error_and_the_connection_li
         assert not of_type(done, "error")
 
 
-async def test_barge_in_cancels_the_answer_in_flight(llm_dir, speech_dir, question, listener):
-    async with voice_server(llm_dir, speech_dir) as server, voice_client(server, listener) as client:
+async def test_barge_in_cancels_the_answer_in_flight(endless_llm_dir, speech_dir, question, listener):
+    async with voice_server(endless_llm_dir, speech_dir) as server, voice_client(server, listener) as client:
         await client.update(temperature=0, max_output_tokens=900)  # the test model's context is 1024
         await client.stream(question)
         await client.stream(silence(0.8))
