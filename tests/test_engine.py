@@ -390,3 +390,36 @@ def test_max_tokens_and_the_model_length_end_the_request_as_length(mistral_dir):
     deltas = deltas_of(short, "l", p, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
     assert len(deltas) == 3 and deltas[-1].finish_reason == "length"
     assert short.block_manager.num_free_blocks == short.block_manager.num_blocks
+
+
+def test_streamed_text_is_what_the_detokenizer_makes_of_the_ids_fast_path_and_all(mistral_dir):
+    # Random ids of a ByteLevel vocabulary mix tokens of whole characters (the step's table lookup,
+    # Detokenizer.whole_texts) with bytes of split characters (held in the UTF-8 decoder): the text
+    # streamed must be exactly what Detokenizer.add makes of the same ids one by one, with and without
+    # stop strings (which take add's path for every token).
+    from rill.tokenizer.detokenizer import Detokenizer
+
+    core = engine(mistral_dir)
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=150, ignore_eos=True, skip_special_tokens=False)
+    stopped = SamplingParams(temperature=1.0, seed=3, max_tokens=150, ignore_eos=True, stop=["\u2603\u2603"])
+    requests = {f"r{i}": (ids, sampled if i % 2 else stopped) for i, ids in enumerate(prompts(6, seed=21))}
+    for rid, (ids, params) in requests.items():
+        core.add_request(rid, ids, params)
+    tokens, text, done = {rid: [] for rid in requests}, {rid: "" for rid in requests}, set()
+    for _ in range(400):
+        for d in core.step():
+            tokens[d.request_id] += d.token_ids
+            text[d.request_id] += d.text
+            done |= {d.request_id} if d.finished else set()
+        if len(done) == len(requests):
+            break
+    assert done == set(requests)
+    table, split, whole = core.tokenizer.byte_texts(True), 0, 0
+    for rid, (ids, params) in requests.items():
+        reference = core._detokenizer(ids, params)
+        assert isinstance(reference, Detokenizer)
+        expected = "".join(reference.add(t) for t in tokens[rid]) + reference.flush()
+        assert text[rid] == expected
+        split += sum(t < len(table) and table[t] is None for t in tokens[rid])
+        whole += sum(t < len(table) and bool(table[t]) for t in tokens[rid])
+    assert split > 0 and whole > 0  # both paths ran

@@ -319,9 +319,7 @@ class EngineCore:
             self.scheduler.vision.after_step(batch)
         if self.live.shadows:
             self.live.after_step()  # rebases whose shorter context caught up take effect
-        now = time.monotonic()  # one clock read for the step's tokens
-        on_token = self._on_token
-        deltas = [on_token(seq, tok, now) for seq, tok in zip(sampling, sampled)]
+        deltas = self._on_tokens(sampling, sampled, time.monotonic())  # one clock read for the step's tokens
         if scored:
             deltas = self._with_prompt_logprobs(sampling, deltas, scored)
         self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
@@ -364,47 +362,64 @@ class EngineCore:
             ):
                 on_computed(seq, before)
 
-    def _on_token(self, seq: Sequence, tok: SampledToken, now: float) -> RequestDelta:
-        # Runs for every sampled token: counters are read off the token list directly, and the
-        # finish checks are made inline before any call (most tokens end nothing).
-        token_id, stats, token_ids = tok.token_id, self.stats, seq.token_ids
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-            stats.record_ttft(now - seq.arrival_time)
-        else:
-            stats.itl_s.append(now - seq.last_token_time)  # per token: no method call
-        seq.last_token_time = now
-        token_ids.append(token_id)
-        stats.num_generation_tokens += 1
-        # An EOS that ends the request is not text (as in vLLM); other special tokens go through
-        # the detokenizer, which drops them when skip_special_tokens.
-        params, detokenizer = seq.params, seq.detokenizer
-        # A grammar that is complete (or broken) ends the output: its matcher is then stopped.
-        grammar_done = seq.matcher is not None and _advance_matcher(seq.matcher, token_id)
-        num_output = len(token_ids) - seq.output_start
-        min_reached = num_output > params.min_tokens
-        if token_id in self.eos_token_ids and not params.ignore_eos and min_reached:
-            text, reason = "", FinishReason.STOP
-        else:
-            text = detokenizer.add(token_id)
+    def _on_tokens(self, sampling: list[Sequence], sampled: list[SampledToken], now: float) -> list[RequestDelta]:
+        """Each sampled token onto its sequence: counters, finish checks, text, the step's deltas.
+
+        The loop runs for every sampled token of every step (1,024 of them a step at 1,024 running
+        requests), so it is one loop with its lookups hoisted, and the finish checks are made inline
+        before any call (most tokens end nothing). A token whose bytes are whole characters, for a
+        detokenizer with nothing held and no stop strings, is one table lookup (Detokenizer.whole_texts);
+        any other goes through Detokenizer.add."""
+        stats, eos_ids, max_len = self.stats, self.eos_token_ids, self.max_model_len
+        itl = stats.itl_s.append  # per token: no method call on stats
+        stats.num_generation_tokens += len(sampled)
+        deltas = []
+        for seq, tok in zip(sampling, sampled):
+            token_id, token_ids = tok.token_id, seq.token_ids
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+                stats.record_ttft(now - seq.arrival_time)
+            else:
+                itl(now - seq.last_token_time)
+            seq.last_token_time = now
+            token_ids.append(token_id)
+            params, detokenizer, matcher = seq.params, seq.detokenizer, seq.matcher
+            # A grammar that is complete (or broken) ends the output: its matcher is then stopped.
+            grammar_done = matcher is not None and _advance_matcher(matcher, token_id)
+            num_output = len(token_ids) - seq.output_start
+            min_reached = num_output > params.min_tokens
             reason = None
-            if (num_output >= seq.max_tokens or detokenizer.stop_reason is not None or grammar_done
-                    or len(token_ids) >= self.max_model_len or token_id in params.stop_token_ids):
-                reason = self._finish_reason(seq, token_id, min_reached, num_output)
-        logprobs = None
-        if params.logprobs is not None:
-            logprobs = [TokenLogprob(token_id, tok.logprob, tok.rank, tok.top_logprobs)]
-        if reason is None:
-            return RequestDelta(seq.request_id, seq.index, [token_id], text, logprobs, None, None, None,
-                                seq.num_prompt_tokens, seq.num_cached_tokens, num_output)
-        if seq.stop_reason is None or isinstance(seq.stop_reason, int):
-            text += detokenizer.flush()
-        delta = self._delta(seq, [token_id], text, logprobs, reason)
-        self._end(seq, reason)
-        return delta
+            # An EOS that ends the request is not text (as in vLLM); other special tokens go through
+            # the detokenizer, which drops them when skip_special_tokens.
+            if token_id in eos_ids and not params.ignore_eos and min_reached:
+                text, reason = "", FinishReason.STOP
+            else:
+                texts = detokenizer.whole_texts
+                text = None
+                if texts is not None and not detokenizer.utf8_held and token_id < len(texts):
+                    text = texts[token_id]
+                if text is None:
+                    text = detokenizer.add(token_id)
+                elif text:
+                    detokenizer.pieces.append(text)
+                if (num_output >= seq.max_tokens or detokenizer.stop_reason is not None or grammar_done
+                        or len(token_ids) >= max_len or token_id in params.stop_token_ids):
+                    reason = self._finish_reason(seq, token_id, min_reached, num_output)
+            logprobs = None
+            if params.logprobs is not None:
+                logprobs = [TokenLogprob(token_id, tok.logprob, tok.rank, tok.top_logprobs)]
+            if reason is None:
+                deltas.append(RequestDelta(seq.request_id, seq.index, [token_id], text, logprobs, None, None, None,
+                                           seq.num_prompt_tokens, seq.num_cached_tokens, num_output))
+                continue
+            if seq.stop_reason is None or isinstance(seq.stop_reason, int):
+                text += detokenizer.flush()
+            deltas.append(self._delta(seq, [token_id], text, logprobs, reason))
+            self._end(seq, reason)
+        return deltas
 
     def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason) -> RequestDelta:
-        """The delta that ends the request, or the turn (mid-stream ones are built in _on_token)."""
+        """The delta that ends the request, or the turn (mid-stream ones are built in _on_tokens)."""
         finish_reason = turn_finish_reason = None
         if self._ends_turn_only(seq):
             turn_finish_reason = reason.value

@@ -58,23 +58,28 @@ class Detokenizer:
         self._texts_table = texts(skip_special_tokens) if texts is not None else None
         if self._pieces_table is not None:
             # An incremental UTF-8 decoder: the bytes of a character still incomplete wait in
-            # _utf8_held (codecs' IncrementalDecoder without its Python frame per token).
+            # utf8_held (codecs' IncrementalDecoder without its Python frame per token).
             context = self._context_bytes(prompt_token_ids)  # its text is the prompt's, not ours
-            self._utf8_held = context[codecs.utf_8_decode(context, "replace", False)[1] :]
+            self.utf8_held = context[codecs.utf_8_decode(context, "replace", False)[1] :]
         else:
             self._ids = self._context(prompt_token_ids)
             self._read_offset = len(self._ids)
             self._prefix_text = self._decode(self._ids)  # the context's text
+            self.utf8_held = b""
+        # The engine's per-token fast path (EngineCore._on_tokens): with no stop strings, a token whose
+        # text in whole_texts is not None, while utf8_held is empty, is that text appended to pieces,
+        # exactly what add() does for it, without the call.
+        self.whole_texts = self._texts_table if not self._stop else None
         self._pending = ""  # decoded text held back as a possible stop-string prefix
-        self._pieces: list[str] = []
+        self.pieces: list[str] = []  # the text released so far (joined when `text` is read)
         self.stop_reason: str | None = None
 
     @property
     def text(self) -> str:
         """All text released so far (joined when read: read it at the end, not once per token)."""
-        if len(self._pieces) > 1:
-            self._pieces = ["".join(self._pieces)]
-        return self._pieces[0] if self._pieces else ""
+        if len(self.pieces) > 1:
+            self.pieces = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
 
     def add(self, token_id: int) -> str:
         """Take one output id; return the text it makes final (often "", while a character or stop is open)."""
@@ -83,18 +88,18 @@ class Detokenizer:
         table = self._pieces_table
         if table is not None:  # the per-token hot path of every engine step: kept to a few lookups
             texts, text = self._texts_table, None
-            if texts is not None and not self._utf8_held and 0 <= token_id < len(texts):
+            if texts is not None and not self.utf8_held and 0 <= token_id < len(texts):
                 text = texts[token_id]  # whole characters, nothing held: no decoder needed
             if text is None:  # part of a character, or one is open: the UTF-8 decoder joins them
                 data = table[token_id] if 0 <= token_id < len(table) else b""
-                if self._utf8_held:
-                    data = self._utf8_held + data
+                if self.utf8_held:
+                    data = self.utf8_held + data
                 text, used = codecs.utf_8_decode(data, "replace", False)
-                self._utf8_held = data[used:] if used < len(data) else b""
+                self.utf8_held = data[used:] if used < len(data) else b""
             if self._stop:
                 return self._release(text, final=False)
             if text:
-                self._pieces.append(text)
+                self.pieces.append(text)
             return text
         self._ids.append(token_id)
         return self._release(self._next_text(), final=False)
@@ -104,7 +109,7 @@ class Detokenizer:
         if self.stop_reason is not None:
             return ""
         if self._pieces_table is not None:
-            text, self._utf8_held = codecs.utf_8_decode(self._utf8_held, "replace", True)[0], b""
+            text, self.utf8_held = codecs.utf_8_decode(self.utf8_held, "replace", True)[0], b""
             return self._release(text, final=True)
         window_text = self._decode(self._ids)
         new_text = window_text[len(self._prefix_text) :]
@@ -155,7 +160,7 @@ class Detokenizer:
     def _release(self, new_text: str, *, final: bool) -> str:
         if not self._stop:  # nothing to hold back
             if new_text:
-                self._pieces.append(new_text)
+                self.pieces.append(new_text)
             return new_text
         self._pending += new_text
         found = self._find_stop()
@@ -167,7 +172,7 @@ class Detokenizer:
             keep = 0 if final else self._stop_prefix_len()
             out, self._pending = self._pending[: len(self._pending) - keep], self._pending[len(self._pending) - keep :]
         if out:
-            self._pieces.append(out)
+            self.pieces.append(out)
         return out
 
     def _find_stop(self) -> tuple[int, str] | None:
