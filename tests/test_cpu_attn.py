@@ -75,6 +75,31 @@ def test_mixed_step_decode_rows_in_c_and_prefill_chunks_in_torch():
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 300, 40])
+def test_whole_sequence_prefill_chunks_give_the_bits_of_the_explicit_causal_mask(window):
+    # A chunk that is its whole sequence takes torch's is_causal (key blocks past the queries skipped);
+    # a window shorter than the sequence keeps the explicit mask. Either way: each sequence's SDPA over
+    # its own context with the causal (+ window) mask written out, bit for bit.
+    import torch.nn.functional as F
+
+    lens = [1, 17, 64, 200, 257]
+    case = make_case(torch.Generator().manual_seed(11), lens, q_lens=lens)
+    query, k_cache, v_cache, tables, seq_lens, starts = case
+    got = reference.paged_attention(*case, 0.125, window)
+    for i, n in enumerate(lens):
+        k = reference._gather_context(k_cache, tables[i], 0, (n + 15) // 16)[:n]
+        v = reference._gather_context(v_cache, tables[i], 0, (n + 15) // 16)[:n]
+        pos = torch.arange(n)
+        mask = pos[None, :] <= pos[:, None]
+        if window is not None:
+            mask &= pos[None, :] > pos[:, None] - window
+        q = query[starts[i] : starts[i + 1]]
+        want = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                              v.transpose(0, 1)[None], attn_mask=mask, scale=0.125,
+                                              enable_gqa=True)[0].transpose(0, 1)
+        assert torch.equal(got[starts[i] : starts[i + 1]], want), (n, window)
+
+
 def test_a_sequence_gets_the_same_bits_alone_batched_and_on_any_thread_count():
     gen = torch.Generator().manual_seed(5)
     query, k_cache, v_cache, tables, lens, starts = make_case(gen, [1, 50, 200, 333, 64, 9])
