@@ -67,6 +67,7 @@ def never_ends(model) -> None:
     """Zero the output rows of the special tokens (the end of turn among them): their logit is exactly 0
     while the largest of the other few hundred random logits is above 0, so greedy decoding never stops on
     its own, whatever the float rounding of the machine. For tests that must interrupt an answer."""
+    assert not model.config.tie_word_embeddings, "the rows zeroed must be the output's own, not the input's too"
     backend = byte_level_bpe()
     with torch.no_grad():
         for token in QWEN_SPECIALS:
@@ -79,7 +80,7 @@ def make_model_dir(path: Path, arch: str = "mistral", dtype: torch.dtype = torch
     one whose greedy answers never end (never_ends)."""
     prepare = spread_norm_weights if arch.startswith("gemma") else None
     if endless:
-        assert prepare is None and not overrides.get("tie_word_embeddings"), "the rows zeroed are the output's own"
+        assert prepare is None, "an endless Gemma would need both preparations"
         prepare = never_ends
     return save_random_model(path, lambda vocab_size: _config(arch, vocab_size, **overrides), dtype, seed, prepare)
 
