@@ -108,9 +108,9 @@ class DecoderLayer(nn.Module):
             # updated in place, the attention's add fused into the next norm's pass.
             # The norms' outputs share one scratch buffer: each is dead once the next projection read it.
             first, second = self.input_layernorm, self.post_attention_layernorm
-            h = cpu_glue.rms_norm(x, first.weight, first.eps, out=cpu_glue.scratch("norm", *x.shape))
-            attn = self.self_attn(h, cos, sin, kv_cache, meta)
-            h = cpu_glue.rms_norm(x, second.weight, second.eps, delta=attn, out=cpu_glue.scratch("norm", *x.shape))
+            norm = cpu_glue.scratch("norm", *x.shape)
+            attn = self.self_attn(cpu_glue.rms_norm(x, first.weight, first.eps, out=norm), cos, sin, kv_cache, meta)
+            h = cpu_glue.rms_norm(x, second.weight, second.eps, delta=attn, out=norm)
             return x.add_(self.mlp(h))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
