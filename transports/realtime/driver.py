@@ -228,7 +228,7 @@ class ChannelEngineLink:
     def abort(self, request_id) -> None:
         self._engine.abort(request_id)
 
-    def _pump(self, recv: trio.MemoryReceiveChannel) -> None:
+    def _pump(self, recv: trio.abc.ReceiveChannel) -> None:
         async def pump() -> None:
             with recv:
                 async for delta in recv:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ import trio
 
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
+from rill.engine.delta_stream import DeltaStream
 from rill.engine.outbox import Outbox
 from rill.errors import EngineDeadError, RillError
 from rill.outputs import RequestDelta, coalesce, merge_deltas
@@ -94,7 +94,7 @@ class AsyncEngine:
         self._token = trio_token
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, trio.MemorySendChannel] = {}
+        self._streams: dict[str, DeltaStream[RequestDelta]] = {}
         self._n: dict[str, int] = {}  # samples per live request
         self._done: dict[str, set[int]] = {}  # finished sample indices per live request
         self._ids = _REQUEST_IDS  # one sequence per process: several models' engines never share an id
@@ -130,16 +130,15 @@ class AsyncEngine:
         self._inbox.put(msg)
         self._wake.set()
 
-    def _open_stream(self, request_id: str) -> trio.MemoryReceiveChannel:
+    def _open_stream(self, request_id: str) -> DeltaStream[RequestDelta]:
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}")
         if request_id in self._streams:
             raise RillError(f"request id {request_id!r} is already live")
         # Unbounded on purpose: the engine never blocks on a slow reader, and a request's
         # deltas are bounded by its own max_tokens.
-        send, recv = trio.open_memory_channel(math.inf)
-        self._streams[request_id] = send
-        return recv
+        stream = self._streams[request_id] = DeltaStream()
+        return stream
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm_items=()):
         recv = self._open_stream(request_id)
@@ -182,12 +181,12 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Idempotent. The request's KV is free by the end of the engine's next step."""
-        send = self._streams.pop(request_id, None)
+        stream = self._streams.pop(request_id, None)
         self._n.pop(request_id, None)
         self._done.pop(request_id, None)
         self._forget_held(request_id)
-        if send is not None:
-            send.close()
+        if stream is not None:
+            stream.end()
         self._send(Abort(request_id))
 
     async def generate(self, prompt_token_ids, params: SamplingParams, request_id: str | None = None,
@@ -222,17 +221,16 @@ class AsyncEngine:
             self._progress.unpark_all()
         if self.stream_interval > 1:
             deltas = self._hold(deltas)
+        streams = self._streams
         for delta in deltas:
-            send = self._streams.get(delta.request_id)
-            if send is None:
+            stream = streams.get(delta.request_id)
+            if stream is None:
                 continue  # aborted on this side already
-            try:
-                send.send_nowait(delta)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if not stream.put(delta):
                 self.abort(delta.request_id)  # the reader left without aborting
                 continue
             if delta.error is not None or (delta.finished and self._all_done(delta)):
-                self._streams.pop(delta.request_id).close()
+                streams.pop(delta.request_id).end()
                 self._n.pop(delta.request_id, None)
                 self._done.pop(delta.request_id, None)
                 self._forget_held(delta.request_id)
@@ -279,12 +277,9 @@ class AsyncEngine:
         self.dead = error
         self.died.set()
         self._progress.unpark_all()
-        for request_id, send in list(self._streams.items()):
-            with send:
-                try:
-                    send.send_nowait(RequestDelta(request_id, 0, [], "", finish_reason="error", error=f"engine failed: {error!r}"))
-                except trio.BrokenResourceError:
-                    pass  # nobody is reading
+        for request_id, stream in list(self._streams.items()):
+            stream.put(RequestDelta(request_id, 0, [], "", finish_reason="error", error=f"engine failed: {error!r}"))
+            stream.end()  # refused when nobody is reading
         self._streams.clear()
 
     # -- worker thread ----------------------------------------------------------------------------
