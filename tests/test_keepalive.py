@@ -121,3 +121,32 @@ async def test_a_body_too_large_to_wait_for_is_answered_with_connection_close(mo
             assert status.startswith(b"HTTP/1.1 404") and headers[b"connection"] == b"close"
             assert await stream.receive_some(1024) == b""  # closed by the server, not left hanging
             await stream.aclose()
+
+
+async def test_a_connection_idle_as_long_as_a_client_pool_keeps_one_is_still_served(model_dir):
+    """httpx, and so the openai SDK, reuses a pooled connection idle up to its keepalive_expiry (5 s), and a
+    busy client sends later than its own clock says. With the server's keep-alive timeout equal to it (the
+    old 5 s), such a request met a connection closed under it: "Server disconnected without sending a
+    response" or a reset, seen at 256 streaming clients. The default now outlasts it: a request on the same
+    socket half a second past the pool's expiry is answered."""
+    idle_s = httpx.AsyncClient()._transport._pool._keepalive_expiry + 0.5
+    assert ServerConfig().keep_alive_timeout_s > idle_s
+    get_models = b"GET /v1/models HTTP/1.1\r\nHost: rill\r\n\r\n"
+    async with running_server(model_dir) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with trio.fail_after(20):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(get_models)
+            assert (await _read_response(stream))[0].startswith(b"HTTP/1.1 200")
+            await trio.sleep(idle_s)
+            await stream.send_all(get_models)
+            assert (await _read_response(stream))[0].startswith(b"HTTP/1.1 200")  # the same socket
+            await stream.aclose()
+
+
+def test_the_cli_and_the_server_config_agree_on_the_keep_alive_default(monkeypatch):
+    from rill.cli import build_parser
+
+    monkeypatch.delenv("RILL_KEEP_ALIVE_TIMEOUT_S", raising=False)
+    args = build_parser().parse_args(["serve"])
+    assert args.keep_alive_timeout_s == ServerConfig().keep_alive_timeout_s == ServerConfig.from_env().keep_alive_timeout_s

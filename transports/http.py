@@ -58,6 +58,7 @@ from rill.transports.web import install_web
 log = logging.getLogger("rill.server")
 
 MAX_BODY_BYTES = 16 << 20
+KEEP_ALIVE_TIMEOUT_S = 20.0  # ServerConfig.keep_alive_timeout_s
 
 
 @dataclass
@@ -77,7 +78,12 @@ class ServerConfig:
     # body must arrive within body_timeout_s (408); headers past max_header_bytes are a 431.
     # read_timeout_s closes a connection that sends nothing for that long: off by default, since
     # an SSE reader sends nothing while a long answer streams.
-    keep_alive_timeout_s: float = 5.0
+    # Longer than the idle expiry of common clients' connection pools (httpx, and so the openai SDK: 5 s;
+    # aiohttp: 15 s): with equal timeouts a request sent on a connection the pool still thinks alive, as
+    # the server's timer fires, meets a closed connection ("Server disconnected", a reset), most often
+    # when the event loop is busy and runs the timer late. Behind a proxy that keeps upstream
+    # connections, set it above the proxy's idle timeout.
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
     body_timeout_s: float = 60.0
     max_header_bytes: int = 16 << 10
     read_timeout_s: float | None = None
@@ -109,7 +115,7 @@ class ServerConfig:
             realtime=RealtimeConfig.from_env(),
             web_ui=not env("RILL_NO_WEB_UI"),
             streaming_input=StreamingInputConfig.from_env(),
-            keep_alive_timeout_s=float(env("RILL_KEEP_ALIVE_TIMEOUT_S", 5.0)),
+            keep_alive_timeout_s=float(env("RILL_KEEP_ALIVE_TIMEOUT_S", KEEP_ALIVE_TIMEOUT_S)),
             body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
             max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,

@@ -161,8 +161,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "Whisper directory, or none: the model of /v1/audio/transcriptions")
     p.add_argument("--max-audio-bytes", type=int, default=_env("MAX_AUDIO_BYTES", 25 * 1000 * 1000, int),
                    help="largest file /v1/audio/transcriptions accepts (413 past it; default 25 MB as OpenAI's)")
-    p.add_argument("--keep-alive-timeout-s", type=float, default=_env("KEEP_ALIVE_TIMEOUT_S", 5.0, float),
-                   help="close a connection idle this long, or whose request headers take longer")
+    p.add_argument("--keep-alive-timeout-s", type=float, default=_env("KEEP_ALIVE_TIMEOUT_S", 20.0, float),
+                   help="close a connection idle this long, or whose request headers take longer (default 20: "
+                        "above client pools' idle expiry; behind a proxy, above the proxy's)")
     p.add_argument("--backlog", type=int, default=_env("BACKLOG", 2048, int),
                    help="connections waiting to be accepted (default 2048; the kernel caps it at net.core.somaxconn)")
     p.add_argument("--body-timeout-s", type=float, default=_env("BODY_TIMEOUT_S", 60.0, float),
