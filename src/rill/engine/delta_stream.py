@@ -60,8 +60,7 @@ class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
     # -- the reader ---------------------------------------------------------------------------------
 
     def receive_nowait(self) -> T:
-        if self._closed:
-            raise trio.ClosedResourceError("the stream was closed")
+        self._check_open()
         if self._items:
             return self._items.popleft()
         if self._ended:
