@@ -17,6 +17,7 @@ It is a `trio.abc.ReceiveChannel` for its reader: the same `receive` semantics a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable
 from typing import Generic, TypeVar
 
 import trio
@@ -67,30 +68,24 @@ class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
             raise trio.EndOfChannel
         raise trio.WouldBlock
 
-    async def receive(self) -> T:
+    def receive(self) -> Awaitable[T]:
+        return self._receive(trio.EndOfChannel)
+
+    def __anext__(self) -> Awaitable[T]:
+        # receive(), with StopAsyncIteration for the end: the coroutine itself, one frame less per item than
+        # ReceiveChannel.__anext__ awaiting receive()
+        return self._receive(StopAsyncIteration)
+
+    async def _receive(self, end: type[Exception]) -> T:
         await checkpoint_if_cancelled()
         while not self._items:  # no exception on the way: a reader parks once per delivery
             self._check_open()
             if self._ended:
-                raise trio.EndOfChannel
+                raise end
             await self._park()
             if self._items:  # parking was the checkpoint: what woke the reader is taken without another
                 return self._items.popleft()
         item = self._items.popleft()  # taken before the checkpoint, as a memory channel does
-        await cancel_shielded_checkpoint()
-        return item
-
-    async def __anext__(self) -> T:
-        # receive(), with StopAsyncIteration for the end: a coroutine less per item than ReceiveChannel's
-        await checkpoint_if_cancelled()
-        while not self._items:
-            self._check_open()
-            if self._ended:
-                raise StopAsyncIteration
-            await self._park()
-            if self._items:
-                return self._items.popleft()
-        item = self._items.popleft()
         await cancel_shielded_checkpoint()
         return item
 
