@@ -6,6 +6,7 @@ equal), and the shipped model's held-out table."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
@@ -19,6 +20,7 @@ from rill.tiny_vision import train as recipe
 
 torch.set_num_threads(1)
 ASSETS = evaluate.DEFAULT_MODEL_DIR
+PICTURES_DIGEST = "a8a3a761c464e1ec6ac1a2ead6221e0db3e58902"
 SMOKE_SHAPE = dict(vision_dim=32, vision_depth=1, vision_heads=2, hidden_size=32, layers=1, heads=2, kv_heads=1,
                    intermediate_size=64)
 
@@ -108,6 +110,74 @@ def test_clip_pixels_equal_rills_video_processor():
             torch.testing.assert_close(ours, theirs.values, rtol=0, atol=1e-5)
 
 
+def _glyphs_drawn(e: tasks.Example) -> set[tuple[str, str]]:
+    return {(draw.GLYPHS[v // draw.CODE_BASE], draw.COLOUR_NAMES[v % draw.CODE_BASE]) for v in np.unique(e.labels) if v}
+
+
+def test_label_maps_hold_what_each_picture_shows_where_it_shows_it():
+    """Every picture carries a label map (the patch probe's targets) at its own size, naming what was
+    drawn, and its drawn pixels are where the picture's ink is."""
+    pictures = [e for e in _examples(splits.TRAIN, 160) if e.image is not None]
+    assert {e.family for e in pictures} == set(tasks.IMAGE_FAMILIES)
+    for e in pictures:
+        assert e.labels.shape == (e.image.height, e.image.width) and e.labels.dtype == np.uint8
+        drawn = _glyphs_drawn(e)
+        glyphs = {g for g, _ in drawn}
+        if e.family == "colour":
+            assert ("circle", e.answer) in drawn
+        elif e.family == "count":
+            assert "square" in glyphs
+        elif e.family == "number":
+            assert glyphs <= set(e.answer) and len(glyphs) >= len(set(e.answer)) - 1  # a thin "1" can round away
+        else:
+            assert {"star", e.answer} <= glyphs
+        pixels = np.asarray(e.image, dtype=np.float32)
+        background = np.median(pixels[e.labels == 0], axis=0)
+        away = np.abs(pixels - background).sum(-1)
+        assert away[e.labels > 0].mean() > 4 * away[e.labels == 0].mean(), e.key
+
+
+def test_the_label_maps_leave_the_pictures_as_they_were():
+    """Drawing labels takes nothing from the random stream: the recipe's pictures did not change
+    (this digest is of the pictures before label maps existed)."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for family in tasks.IMAGE_FAMILIES:
+        for i in range(10):
+            e = tasks.make(random.Random(f"labels/{family}/{i}"), family, splits.TRAIN)
+            digest.update(e.key.encode() + e.image.tobytes())
+    assert digest.hexdigest() == PICTURES_DIGEST
+
+
+def test_patch_targets_follow_the_patch_order():
+    """Patch k's target names the label map's patch that shapes.patches puts at row k (2 x 2 merge groups)."""
+    shape = shapes.Shape()
+    p = shape.patch_size
+    for height, width in ((64, 64), (48, 64), (64, 48)):
+        gh, gw = height // p, width // p
+        raster = np.arange(1, gh * gw + 1, dtype=np.uint8).reshape(gh, gw)  # each patch's raster number
+        labels = np.kron(raster, np.ones((p, p), dtype=np.uint8))
+        targets = dataset.patch_targets(labels, shape)
+        codes = (targets[:, 0] * draw.CODE_BASE + targets[:, 1]).numpy()
+        frame = np.repeat(labels[..., None], 3, axis=-1)  # the same numbers as pixels, through the real patching
+        pixels, grid = shapes.patches(frame[None], shape)
+        first = pixels.view(len(pixels), 3, shape.temporal_patch_size, p * p)[:, 0, 0, 0]
+        mean, std = shapes.CLIP_MEAN[0], shapes.CLIP_STD[0]
+        assert grid == [1, gh, gw]
+        assert np.array_equal(codes, np.rint((first.numpy() * std + mean) * 255).astype(int))
+
+
+def test_patch_targets_ignore_a_few_stray_pixels():
+    labels = np.zeros((16, 16), dtype=np.uint8)
+    code = draw.label_code("star", "red")
+    labels[0:2, 0:2] = code  # 4 pixels of patch 0: background
+    labels[0:3, 8:10] = code  # 6 of patch 1: the star
+    targets = dataset.patch_targets(labels, shapes.Shape())
+    assert targets[0].tolist() == [0, 0]
+    assert targets[1].tolist() == [draw.GLYPHS.index("star"), draw.COLOUR_NAMES.index("red")]
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return tok.train_tokenizer(recipe.tokenizer_texts(0, 400))
@@ -156,6 +226,22 @@ def test_training_writes_a_directory_transformers_loads(smoke_dir):
     assert AutoTokenizer.from_pretrained(smoke_dir).convert_tokens_to_ids("<|video_pad|>") == 6
     assert AutoImageProcessor.from_pretrained(smoke_dir).size["longest_edge"] == tasks.IMAGE_SIZE**2
     assert (smoke_dir / "video_preprocessor_config.json").is_file()
+
+
+def test_the_patch_probe_trains_beside_the_model_and_is_not_saved(smoke_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    record = json.loads((smoke_dir / "training_run.json").read_text())
+    assert record["probe_weight"] == 1.0 and len(record["probe_losses_every_10_steps"]) == 2
+    assert all(math.isfinite(x) and x > 0 for x in record["probe_losses_every_10_steps"])
+    args = ["--out", str(tmp_path / "plain"), "--steps", "1", "--batch-size", "4", "--warmup", "1", "--threads", "1",
+            "--probe-weight", "0"]
+    for name, value in SMOKE_SHAPE.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    assert recipe.main(args) == 0
+    assert json.loads((tmp_path / "plain" / "training_run.json").read_text())["probe_losses_every_10_steps"] == []
+    with_probe, without = load_file(smoke_dir / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    assert with_probe.keys() == without.keys()  # the heads are training-only
 
 
 def test_a_second_phase_starts_from_the_earlier_runs_weights(smoke_dir, tmp_path):

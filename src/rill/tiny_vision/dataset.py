@@ -20,13 +20,14 @@ import torch
 from tokenizers import Tokenizer
 
 from rill.tiny.workers import context as workers_context
+from rill.tiny_vision import draw, tasks
 from rill.tiny_vision import model as shapes
-from rill.tiny_vision import tasks
 from rill.tiny_vision import tokenizer as tok
 from rill.tiny_vision.splits import TRAIN
 
 TEXT_FIRST_SHARE = 0.25
 STEPS_AHEAD = 4
+MIN_TARGET_PIXELS = 6  # of a patch's 64: a 6-pixel square split over four patches still names them
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Encoded:
     pixels: torch.Tensor  # [num_patches, patch_dim]
     grid_thw: list[int]
     is_video: bool
+    targets: torch.Tensor | None = None  # a picture's [num_patches, 2] (glyph, colour) per patch (patch_targets)
 
 
 def prompt_text(example: tasks.Example, text_first: bool = False) -> str:
@@ -59,6 +61,25 @@ def pixels_of(example: tasks.Example, shape: shapes.Shape) -> tuple[torch.Tensor
     return shapes.patches(frames, shape)
 
 
+def patch_targets(labels: np.ndarray, shape: shapes.Shape, min_pixels: int = MIN_TARGET_PIXELS) -> torch.Tensor:
+    """What each patch of a picture shows, from its label map, in the order of the picture's patches
+    (shapes.patches: 2 x 2 merge groups, row-major): [num_patches, 2] (glyph, colour) indices into
+    draw.GLYPHS and draw.COLOUR_NAMES. A patch gets the code most of its drawn pixels carry, when at
+    least `min_pixels` of them are drawn; otherwise background (0, 0)."""
+    p, m = shape.patch_size, shape.merge_size
+    gh, gw = labels.shape[0] // p, labels.shape[1] // p
+    cells = labels.reshape(gh, p, gw, p).transpose(0, 2, 1, 3).reshape(gh * gw, p * p)
+    codes = np.zeros(gh * gw, dtype=np.int64)
+    for k, cell in enumerate(cells):
+        counts = np.bincount(cell)
+        counts[0] = 0
+        best = int(counts.argmax())
+        if counts[best] >= min_pixels:
+            codes[k] = best
+    codes = codes.reshape(gh // m, m, gw // m, m).transpose(0, 2, 1, 3).reshape(-1)
+    return torch.from_numpy(np.stack([codes // draw.CODE_BASE, codes % draw.CODE_BASE], axis=1))
+
+
 def encode(example: tasks.Example, tokenizer: Tokenizer, shape: shapes.Shape, text_first: bool = False) -> Encoded:
     pixels, grid = pixels_of(example, shape)
     prompt = tokenizer.encode(prompt_text(example, text_first), add_special_tokens=False).ids
@@ -67,7 +88,8 @@ def encode(example: tasks.Example, tokenizer: Tokenizer, shape: shapes.Shape, te
     count = grid[0] * grid[1] * grid[2] // shape.merge_size**2
     at = prompt.index(pad_id)
     prompt = prompt[:at] + [pad_id] * count + prompt[at + 1:]
-    return Encoded(example.family, prompt + answer, len(prompt), pixels, grid, example.frames is not None)
+    targets = patch_targets(example.labels, shape) if example.labels is not None else None
+    return Encoded(example.family, prompt + answer, len(prompt), pixels, grid, example.frames is not None, targets)
 
 
 def train_example(seed: int, index: int) -> tuple[tasks.Example, bool]:
@@ -120,7 +142,8 @@ class Stream:
 
 
 def collate(batch: list[Encoded], pad_id: int, image_pad: int, video_pad: int) -> dict[str, torch.Tensor]:
-    """Right-padded ids, labels on the answers, mm_token_type_ids, and the pictures' and clips' patches."""
+    """Right-padded ids, labels on the answers, mm_token_type_ids, the pictures' and clips' patches, and
+    the pictures' patch targets (patch_targets, when every picture has them)."""
     width = max(len(e.ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -136,6 +159,8 @@ def collate(batch: list[Encoded], pad_id: int, image_pad: int, video_pad: int) -
     if images:
         out["pixel_values"] = torch.cat([e.pixels for e in images])
         out["image_grid_thw"] = torch.tensor([e.grid_thw for e in images])
+        if all(e.targets is not None for e in images):
+            out["patch_targets"] = torch.cat([e.targets for e in images])
     if videos:
         out["pixel_values_videos"] = torch.cat([e.pixels for e in videos])
         out["video_grid_thw"] = torch.tensor([e.grid_thw for e in videos])

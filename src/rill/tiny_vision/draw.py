@@ -22,6 +22,15 @@ COLOURS = {
     "black": (20, 20, 20), "gray": (130, 130, 130),
 }
 SHAPES = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
+# What a pixel of a label map holds (training-time supervision of the vision tower): the glyph under it
+# (0 background, then the shapes, then the digits) and its ink's colour (0 none, then COLOURS), as one byte.
+GLYPHS = ("", *SHAPES, *"0123456789")
+COLOUR_NAMES = ("", *COLOURS)
+CODE_BASE = len(COLOUR_NAMES)
+
+
+def label_code(glyph: str, colour: str) -> int:
+    return GLYPHS.index(glyph) * CODE_BASE + COLOUR_NAMES.index(colour)
 FONT_FILES = (
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSansMono.ttf",
     "DejaVuSansMono-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf",
@@ -78,11 +87,16 @@ def shape_points(shape: str, cx: float, cy: float, r: float, angle_deg: float) -
     return [(cx + r * (x * cos - y * sin), cy + r * (x * sin + y * cos)) for x, y in pts]
 
 
-def draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, colour, angle_deg: float = 0.0):
-    if shape == "circle":
-        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour)
-    else:
-        draw.polygon(shape_points(shape, cx, cy, r, angle_deg), fill=colour)
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, colour, angle_deg: float = 0.0,
+               label: ImageDraw.ImageDraw | None = None, code: int = 0):
+    """`shape` in `colour`; with `label` (a drawing on the picture's label map), the same outline in `code`."""
+    for target, fill in ((draw, colour), (label, code)):
+        if target is None:
+            continue
+        if shape == "circle":
+            target.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
+        else:
+            target.polygon(shape_points(shape, cx, cy, r, angle_deg), fill=fill)
 
 
 def place(rng: random.Random, size: int, radii: list[float], margin: float = 1.0, tries: int = 200):
@@ -100,8 +114,9 @@ def place(rng: random.Random, size: int, radii: list[float], margin: float = 1.0
 
 
 def draw_text(image: Image.Image, rng: random.Random, text: str, cx: float, cy: float, height: float, colour,
-              angle_deg: float) -> None:
-    """`text` in a random DejaVu face, about `height` pixels tall, rotated about its centre."""
+              angle_deg: float, label: Image.Image | None = None, colour_name: str = "") -> None:
+    """`text` in a random DejaVu face, about `height` pixels tall, rotated about its centre. With `label`
+    (the picture's label map), each character's pixels get its own code there (label_code(char, colour_name))."""
     face = font(rng.choice(FONT_FILES), max(6, int(height)))
     left, top, right, bottom = face.getbbox(text)
     w, h = right - left + 4, bottom - top + 4
@@ -109,7 +124,17 @@ def draw_text(image: Image.Image, rng: random.Random, text: str, cx: float, cy: 
     ImageDraw.Draw(layer).text((2 - left, 2 - top), text, font=face, fill=255)
     layer = layer.rotate(angle_deg, resample=Image.BICUBIC, expand=True)
     solid = Image.new("RGB", layer.size, colour)
-    image.paste(solid, (int(cx - layer.width / 2), int(cy - layer.height / 2)), layer)
+    at = (int(cx - layer.width / 2), int(cy - layer.height / 2))
+    image.paste(solid, at, layer)
+    if label is not None:
+        codes = Image.new("L", (w, h), 0)
+        pen = ImageDraw.Draw(codes)
+        pen.fontmode = "1"  # no anti-aliasing: a pixel holds one character's code
+        for k, char in enumerate(text):
+            x = 2 - left + face.getlength(text[:k])
+            pen.text((x, 2 - top), char, font=face, fill=label_code(char, colour_name))
+        codes = codes.rotate(angle_deg, resample=Image.NEAREST, expand=True)
+        label.paste(codes, at, codes.point(lambda v: 255 if v else 0))
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -127,25 +152,40 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-def widen(image: Image.Image, rng: random.Random, share: float = 0.25) -> Image.Image:
-    """On a share of pictures, extend the square canvas with its own background to 4:3 or 3:4."""
+def widen(image: Image.Image, rng: random.Random, share: float = 0.25,
+          label: Image.Image | None = None) -> tuple[Image.Image, Image.Image | None]:
+    """On a share of pictures, extend the square canvas with its own background to 4:3 or 3:4 (the
+    label map, when there is one, the same way)."""
     if rng.random() >= share:
-        return image
+        return image, label
     w, h = image.size
     aspect = rng.choice(((4, 3), (3, 4)))
     new = (w * aspect[0] // min(aspect), h * aspect[1] // min(aspect))
     canvas = Image.new("RGB", new, image.getpixel((0, 0)))
-    canvas.paste(image, (rng.randint(0, new[0] - w), rng.randint(0, new[1] - h)))
-    return canvas
+    at = (rng.randint(0, new[0] - w), rng.randint(0, new[1] - h))
+    canvas.paste(image, at)
+    if label is not None:
+        wide = Image.new("L", new, 0)
+        wide.paste(label, at)
+        label = wide
+    return canvas, label
 
 
 def finish(image: Image.Image, rng: random.Random, factor: int, min_pixels: int, max_pixels: int,
-           noise: float = 0.5, jpeg: float = 0.5) -> Image.Image:
+           noise: float = 0.5, jpeg: float = 0.5, label: Image.Image | None = None):
     """Resize to the processor's target size (a size it then keeps), then Gaussian noise and JPEG
-    re-encoding, each on a share of pictures."""
+    re-encoding, each on a share of pictures. With `label`, returns (picture, the label map at the
+    picture's size as a uint8 array)."""
     height, width = smart_resize(image.height, image.width, factor, min_pixels, max_pixels)
     if image.size != (width, height):
         image = image.resize((width, height), Image.BICUBIC)
+    if label is not None:
+        codes = np.asarray(label.resize((width, height), Image.NEAREST), dtype=np.uint8)
+        return _noise_and_jpeg(image, rng, noise, jpeg), codes
+    return _noise_and_jpeg(image, rng, noise, jpeg)
+
+
+def _noise_and_jpeg(image: Image.Image, rng: random.Random, noise: float, jpeg: float) -> Image.Image:
     if rng.random() < noise:
         sigma = rng.uniform(2, 12)
         arr = np.asarray(image, dtype=np.float32)

@@ -48,6 +48,7 @@ class Example:
     key: str
     image: Image.Image | None = None  # a picture: RGB, any size (the processor resizes it)
     frames: np.ndarray | None = None  # a clip: [T, FRAME_SIZE, FRAME_SIZE, 3] uint8, T even
+    labels: np.ndarray | None = None  # a picture's label map: [H, W] uint8 draw.label_code per pixel
 
 
 def make(rng: random.Random, family: str, split: str) -> Example:
@@ -63,9 +64,16 @@ def make(rng: random.Random, family: str, split: str) -> Example:
             return example
 
 
-def _finish(image: Image.Image, rng: random.Random) -> Image.Image:
-    """Widened on a share, resized to the processor's target (so its own resize leaves it), noise, JPEG."""
-    return draw.finish(draw.widen(image, rng), rng, FACTOR, MIN_IMAGE_PIXELS, IMAGE_SIZE * IMAGE_SIZE)
+def _finish(image: Image.Image, label: Image.Image, rng: random.Random) -> tuple[Image.Image, np.ndarray]:
+    """Widened on a share, resized to the processor's target (so its own resize leaves it), noise, JPEG;
+    the label map follows the picture's geometry."""
+    image, label = draw.widen(image, rng, label=label)
+    return draw.finish(image, rng, FACTOR, MIN_IMAGE_PIXELS, IMAGE_SIZE * IMAGE_SIZE, label=label)
+
+
+def _picture(family: str, answer: str, key: str, image: Image.Image, label: Image.Image, rng) -> Example:
+    image, labels = _finish(image, label, rng)
+    return Example(family, "", answer, key, image=image, labels=labels)
 
 
 def _canvas(rng: random.Random) -> tuple[Image.Image, int]:
@@ -73,22 +81,30 @@ def _canvas(rng: random.Random) -> tuple[Image.Image, int]:
     return draw.background(rng, (size, size)), size
 
 
+def _label_map(image: Image.Image) -> Image.Image:
+    """A blank label map for a picture: the glyph and colour codes its drawing calls write."""
+    return Image.new("L", image.size, 0)
+
+
 def _other_colour(rng: random.Random) -> str:
     return rng.choice(tuple(draw.COLOURS))
 
 
 def _shapes_picture(rng: random.Random, specs: list[tuple[str, str]], radius_range=(0.11, 0.17)):
-    """Draw (shape, colour) pairs at random non-overlapping places; returns (image, centres, size) or None."""
+    """Draw (shape, colour) pairs at random non-overlapping places; returns (image, label map, centres,
+    size) or None."""
     image, size = _canvas(rng)
     radii = [rng.uniform(*radius_range) * size for _ in specs]
     centres = draw.place(rng, size, radii)
     if centres is None:
         return None
-    canvas = ImageDraw.Draw(image)
+    label = _label_map(image)
+    canvas, pen = ImageDraw.Draw(image), ImageDraw.Draw(label)
     for (shape, colour), (cx, cy), r in zip(specs, centres, radii):
         angle = rng.uniform(-12, 12) if shape == "square" else rng.uniform(0, 360)
-        draw.draw_shape(canvas, shape, cx, cy, r, draw.jitter_colour(rng, colour), angle)
-    return image, centres, size
+        draw.draw_shape(canvas, shape, cx, cy, r, draw.jitter_colour(rng, colour), angle,
+                        label=pen, code=draw.label_code(shape, colour))
+    return image, label, centres, size
 
 
 def _colour(rng: random.Random) -> Example:
@@ -98,9 +114,9 @@ def _colour(rng: random.Random) -> Example:
                   for _ in range(rng.randint(0, 3))]
         drawn = _shapes_picture(rng, [("circle", colour), *others])
         if drawn:
-            image, centres, size = drawn
+            image, label, centres, size = drawn
             q = quadrant(*centres[0], size, size)
-            return Example("colour", "", colour, f"colour|{colour}|{q}", image=_finish(image, rng))
+            return _picture("colour", colour, f"colour|{colour}|{q}", image, label, rng)
 
 
 def _count(rng: random.Random) -> Example:
@@ -111,7 +127,7 @@ def _count(rng: random.Random) -> Example:
         specs = [("square", colour)] * n + distractors
         drawn = _shapes_picture(rng, specs, radius_range=(0.08, 0.12))
         if drawn:
-            return Example("count", "", str(n), f"count|{n}|{colour}", image=_finish(drawn[0], rng))
+            return _picture("count", str(n), f"count|{n}|{colour}", drawn[0], drawn[1], rng)
 
 
 def _number(rng: random.Random) -> Example:
@@ -123,8 +139,10 @@ def _number(rng: random.Random) -> Example:
     width = 0.7 * height * digits
     cx = rng.uniform(width / 2 + 2, size - width / 2 - 2) if width + 4 < size else size / 2
     cy = rng.uniform(height / 2 + 2, size - height / 2 - 2)
-    draw.draw_text(image, rng, str(n), cx, cy, height, draw.jitter_colour(rng, ink), rng.uniform(-20, 20))
-    return Example("number", "", str(n), f"number|{n}", image=_finish(image, rng))
+    label = _label_map(image)
+    draw.draw_text(image, rng, str(n), cx, cy, height, draw.jitter_colour(rng, ink), rng.uniform(-20, 20),
+                   label=label, colour_name=ink)
+    return _picture("number", str(n), f"number|{n}", image, label, rng)
 
 
 def _left_of(rng: random.Random) -> Example:
@@ -137,17 +155,19 @@ def _left_of(rng: random.Random) -> Example:
         image, size = _canvas(rng)
         step = size / count
         r = min(step * 0.38, size * 0.16)
-        canvas = ImageDraw.Draw(image)
+        label = _label_map(image)
+        canvas, pen = ImageDraw.Draw(image), ImageDraw.Draw(label)
         row_y = rng.uniform(r + 2, size - r - 2)
         for k, name in enumerate(names):
             cx = step * (k + 0.5) + rng.uniform(-0.08, 0.08) * step
             cy = min(size - r - 1, max(r + 1, row_y + rng.uniform(-0.15, 0.15) * size))
             radius = r * rng.uniform(0.8, 1.0)  # drawn in this order: the recipe's pictures depend on it
-            fill = draw.jitter_colour(rng, _other_colour(rng))
-            draw.draw_shape(canvas, name, cx, cy, radius, fill,
-                            rng.uniform(-10, 10))
+            colour = _other_colour(rng)
+            fill = draw.jitter_colour(rng, colour)
+            draw.draw_shape(canvas, name, cx, cy, radius, fill, rng.uniform(-10, 10),
+                            label=pen, code=draw.label_code(name, colour))
         answer = names[slot - 1]
-        return Example("left_of", "", answer, f"left_of|{answer}|{slot}|{count}", image=_finish(image, rng))
+        return _picture("left_of", answer, f"left_of|{answer}|{slot}|{count}", image, label, rng)
 
 
 # -- clips ---------------------------------------------------------------------------------------------------

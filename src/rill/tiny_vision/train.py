@@ -28,7 +28,7 @@ from tqdm import tqdm
 from transformers import Qwen2VLForConditionalGeneration
 
 from rill.tiny.train import resolve_precision
-from rill.tiny_vision import dataset, tasks
+from rill.tiny_vision import dataset, draw, tasks
 from rill.tiny_vision import model as shapes
 from rill.tiny_vision import tokenizer as tok
 
@@ -49,6 +49,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
     p.add_argument("--init-from", type=Path, default=None, help="start from this model directory's weights (an "
                    "earlier run or checkpoint of the same seed and shape) instead of random ones: a second phase")
+    p.add_argument("--probe-weight", type=float, default=1.0,
+                   help="weight of the patch probe's loss: training-only heads that name each picture patch's glyph "
+                        "(shape or digit) and colour from the vision tower's features, so the tower learns to see "
+                        "from every patch and not only from the answer's token (0: the answer's loss alone)")
     p.add_argument("--workers", type=int, default=1, help="drawing worker processes")
     p.add_argument("--threads", type=int, default=None, help="torch threads (1 holds up best on a shared CPU)")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -84,33 +88,70 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+class PatchProbe(torch.nn.Module):
+    """Training-only heads on the vision tower's patch features (the merger's input): each picture
+    patch's glyph (draw.GLYPHS) and colour (draw.COLOUR_NAMES), against dataset.patch_targets.
+
+    The answer's loss reaches the tower through one token per example; these reach it through every
+    patch, as the auxiliary CTC loss does for rill-tiny-speech's encoder. Not saved with the model."""
+
+    def __init__(self, model: Qwen2VLForConditionalGeneration) -> None:
+        super().__init__()
+        dim = model.config.vision_config.embed_dim
+        self.glyph = torch.nn.Linear(dim, len(draw.GLYPHS))
+        self.colour = torch.nn.Linear(dim, draw.CODE_BASE)
+        self.seen: list[torch.Tensor] = []
+        model.model.visual.merger.register_forward_pre_hook(lambda _module, args: self.seen.append(args[0]))
+
+    def loss(self, targets: torch.Tensor | None) -> torch.Tensor | None:
+        """The pictures' patch loss from this step's tower calls (pictures and clips are separate calls)."""
+        seen, self.seen = self.seen, []
+        if targets is None:
+            return None
+        features = next((h for h in seen if h.shape[0] == targets.shape[0]), None)
+        if features is None:
+            raise RuntimeError(f"no vision tower call over {targets.shape[0]} patches this step")
+        features = features.float()
+        return F.cross_entropy(self.glyph(features), targets[:, 0]) + F.cross_entropy(self.colour(features), targets[:, 1])
+
+
 def train(model, stream: dataset.Stream, ids: dict[str, int], args, checkpoint=None) -> list[float]:
-    """Cross-entropy over the answers' tokens, every 10 steps."""
+    """Cross-entropy over the answers' tokens (and, with --probe-weight, the patch probe's), the answers'
+    recorded every 10 steps."""
     device = torch.device(args.device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
+    probe = PatchProbe(model).to(device) if args.probe_weight > 0 else None
+    params = list(model.parameters()) + (list(probe.parameters()) if probe is not None else [])
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.05}, {"params": other, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98))
-    losses = []
+    losses, probe_losses = [], []
     bar = tqdm(range(args.steps), desc="train rill-tiny-vision", mininterval=5.0)
     for step in bar:
         batch = dataset.collate(stream.next(), ids[tok.ENDOFTEXT], ids[tok.IMAGE_PAD], ids[tok.VIDEO_PAD])
         labels = batch.pop("labels").to(device)
+        targets = batch.pop("patch_targets", None)
         batch = {k: v.to(device) for k, v in batch.items()}
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             logits = model(**batch, use_cache=False).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-        loss.backward()
+        total, seen = loss, None
+        if probe is not None and (seen := probe.loss(targets.to(device) if targets is not None else None)) is not None:
+            total = loss + args.probe_weight * seen
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == args.steps - 1:
             losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if seen is not None:
+                probe_losses.append(seen.item())
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", **({"probe": f"{probe_losses[-1]:.3f}"} if seen is not None else {}))
         if checkpoint and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
             checkpoint(step + 1)
+    args.probe_losses = probe_losses
     return losses
 
 
@@ -178,7 +219,8 @@ def run_record(args, shape: shapes.Shape, num_params: int, losses: list[float], 
     return {
         "seed": args.seed, "init_from": str(args.init_from) if args.init_from else None,
         "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size,
-        "lr": args.lr, "warmup": args.warmup, "examples_seen": args.steps * args.batch_size, "shape": vars(shape),
+        "lr": args.lr, "warmup": args.warmup, "probe_weight": args.probe_weight,
+        "probe_losses_every_10_steps": [round(x, 4) for x in getattr(args, "probe_losses", [])], "examples_seen": args.steps * args.batch_size, "shape": vars(shape),
         "num_params": num_params, "device": device_name, "workers": args.workers,
         "train_s": round(train_s, 1), "ms_per_step": round(train_s / args.steps * 1000, 1),
         "loss_first": losses[0], "loss_last": losses[-1], "losses_every_10_steps": [round(x, 4) for x in losses],
