@@ -112,12 +112,13 @@ class PatchProbe(torch.nn.Module):
         if features is None:
             raise RuntimeError(f"no vision tower call over {targets.shape[0]} patches this step")
         features = features.float()
-        return F.cross_entropy(self.glyph(features), targets[:, 0]) + F.cross_entropy(self.colour(features), targets[:, 1])
+        glyph = F.cross_entropy(self.glyph(features), targets[:, 0])
+        return glyph + F.cross_entropy(self.colour(features), targets[:, 1])
 
 
-def train(model, stream: dataset.Stream, ids: dict[str, int], args, checkpoint=None) -> list[float]:
-    """Cross-entropy over the answers' tokens (and, with --probe-weight, the patch probe's), the answers'
-    recorded every 10 steps."""
+def train(model, stream: dataset.Stream, ids: dict[str, int], args, checkpoint=None):
+    """Cross-entropy over the answers' tokens (and, with --probe-weight, the patch probe's); returns the
+    answers' loss and the probe's, every 10 steps."""
     device = torch.device(args.device)
     probe = PatchProbe(model).to(device) if args.probe_weight > 0 else None
     params = list(model.parameters()) + (list(probe.parameters()) if probe is not None else [])
@@ -146,13 +147,14 @@ def train(model, stream: dataset.Stream, ids: dict[str, int], args, checkpoint=N
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == args.steps - 1:
             losses.append(loss.item())
+            shown = {"loss": f"{losses[-1]:.4f}"}
             if seen is not None:
                 probe_losses.append(seen.item())
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", **({"probe": f"{probe_losses[-1]:.3f}"} if seen is not None else {}))
+                shown["probe"] = f"{probe_losses[-1]:.3f}"
+            bar.set_postfix(**shown)
         if checkpoint and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
             checkpoint(step + 1)
-    args.probe_losses = probe_losses
-    return losses
+    return losses, probe_losses
 
 
 def save(model, tokenizer, shape: shapes.Shape, ids: dict[str, int], out: Path) -> None:
@@ -186,13 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     model.train()
     try:
-        losses = train(model, stream, ids, args, checkpoint)
+        losses, probe_losses = train(model, stream, ids, args, checkpoint)
     finally:
         stream.close()
     train_s = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     save(model.cpu().eval(), tokenizer, shape, ids, args.out)
-    record = run_record(args, shape, num_params, losses, train_s)
+    record = run_record(args, shape, num_params, losses, probe_losses, train_s)
     (args.out / "training_run.json").write_text(json.dumps(record, indent=2) + "\n")
     try:
         plot_losses(record, args.out / "training_loss.png")
@@ -214,16 +216,18 @@ def load_phase(model: Qwen2VLForConditionalGeneration, tokenizer, directory: Pat
     model.load_state_dict(earlier.state_dict())
 
 
-def run_record(args, shape: shapes.Shape, num_params: int, losses: list[float], train_s: float) -> dict:
+def run_record(args, shape: shapes.Shape, num_params: int, losses: list[float], probe_losses: list[float],
+               train_s: float) -> dict:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     return {
         "seed": args.seed, "init_from": str(args.init_from) if args.init_from else None,
         "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "warmup": args.warmup, "probe_weight": args.probe_weight,
-        "probe_losses_every_10_steps": [round(x, 4) for x in getattr(args, "probe_losses", [])], "examples_seen": args.steps * args.batch_size, "shape": vars(shape),
+        "examples_seen": args.steps * args.batch_size, "shape": vars(shape),
         "num_params": num_params, "device": device_name, "workers": args.workers,
         "train_s": round(train_s, 1), "ms_per_step": round(train_s / args.steps * 1000, 1),
         "loss_first": losses[0], "loss_last": losses[-1], "losses_every_10_steps": [round(x, 4) for x in losses],
+        "probe_losses_every_10_steps": [round(x, 4) for x in probe_losses],
         "torch": torch.__version__, "transformers": transformers.__version__,
     }
 
