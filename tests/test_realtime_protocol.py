@@ -224,3 +224,25 @@ async def test_cancel_while_answering_a_chunk_keeps_the_text_and_frees_kv(model_
         assert h.conn.state is State.IDLE
         assert h.conn.conversation.messages("") == [{"role": "user", "content": "Hello"}]
         await wait_for(lambda: h.all_kv_free)
+
+
+def test_truncation_leaves_whole_turns_out_and_keeps_them_in_the_conversation():
+    """A turn leaves the context with its answer, calls and their outputs; an item inserted among the
+    left-out turns stays out; the items themselves stay."""
+    from rill.transports.realtime.conversation import Conversation, user_text_item
+    from rill.transports.realtime.events import ContentPart, Item
+
+    conversation = Conversation()
+    first = user_text_item("weather in Paris?")
+    conversation.add(first)
+    conversation.add(Item(type="function_call", call_id="c1", name="get_weather", arguments="{}"))
+    conversation.add(Item(type="function_call_output", call_id="c1", output="sunny"))
+    conversation.add(Item(type="message", role="assistant", content=[ContentPart("output_text", "Sunny.")]))
+    conversation.add(user_text_item("and Rome?"))
+    assert conversation.leave_out_oldest_turn()
+    assert [m["role"] for m in conversation.messages("")] == ["user"]  # the call and its output left together
+    assert conversation.messages("")[0]["content"] == "and Rome?" and len(conversation.items) == 5
+    conversation.add(user_text_item("inserted first"), previous_item_id="root")
+    assert conversation.messages("")[0]["content"] == "and Rome?" and conversation.start == 5
+    assert conversation.leave_out_oldest_turn() and conversation.messages("") == []
+    assert not conversation.leave_out_oldest_turn()

@@ -82,6 +82,10 @@ class RealtimeClient:
         return await self.until("response.done")
 
 
+def of_type(events: list[dict], type_: str) -> list[dict]:
+    return [e for e in events if e["type"] == type_]
+
+
 def text_of(events: list[dict]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
 
@@ -307,6 +311,82 @@ async def test_tool_call_round_trip(model_dir, listener):
 
 
 # -- errors: one error event each, the connection stays usable ---------------------------------------------------
+
+
+# -- truncation: a conversation past the context ---------------------------------------------------------------
+
+
+def long_turn(k: int) -> str:
+    """A user message of about 300 tokens (the test model's context is 1,024)."""
+    return " ".join(f"w{k}x{i}" for i in range(60))
+
+
+async def fill(client, turns: int) -> list[dict]:
+    """`turns` long user messages, each answered with 2 tokens; returns the chat as the engine reads it."""
+    history = []
+    for k in range(turns):
+        await client.say(long_turn(k))
+        answer = text_of(await client.respond(temperature=0, max_output_tokens=2))
+        history += [{"role": "user", "content": long_turn(k)}, {"role": "assistant", "content": answer}]
+    return history
+
+
+async def test_a_conversation_past_the_context_leaves_its_oldest_turns_out(model_dir, listener):
+    """truncation "auto" (the default): the oldest turns leave the model's context, one at a time, until
+    the new message fits; they stay in the conversation. Streamed and created messages alike."""
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        session = await client.update(temperature=0, max_output_tokens=4)
+        assert session["truncation"] == "auto"
+        history = await fill(client, 3)
+        assert len(server.engine.tokenizer.encode_chat([*history, {"role": "user", "content": long_turn(3)}])) > 1024
+        for piece in (long_turn(3)[:150], long_turn(3)[150:]):
+            await client.send("input_text_buffer.append", delta=piece)
+        events = await client.respond()
+        done = events[-1]["response"]
+        assert done["status"] == "incomplete" and not of_type(events, "error")
+        kept = [*history[2:], {"role": "user", "content": long_turn(3)}]  # the first turn left out
+        assert done["usage"]["input_tokens"] == len(server.engine.tokenizer.encode_chat(kept))
+        assert text_of(events) == await engine_answer(server, kept, 4)
+        history = [*kept, {"role": "assistant", "content": text_of(events)}]
+        await client.say(long_turn(4))  # a created message, answered by response.create
+        events = await client.respond()
+        kept = [*history[2:], {"role": "user", "content": long_turn(4)}]
+        assert text_of(events) == await engine_answer(server, kept, 4)
+        assert events[-1]["response"]["usage"]["input_tokens"] == len(server.engine.tokenizer.encode_chat(kept))
+    await wait_for(lambda: server.all_kv_free)
+
+
+async def test_truncation_disabled_refuses_a_message_past_the_context(model_dir, listener):
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        assert (await client.update(truncation="disabled", temperature=0))["truncation"] == "disabled"
+        await fill(client, 3)
+        await client.send("input_text_buffer.append", delta=long_turn(3))
+        error = await client.error()
+        assert error["code"] == "context_length_exceeded" and "dropped" in error["message"]
+        await client.say(long_turn(3))  # the connection goes on; a created message is not cut either
+        await client.send("response.create", response={"max_output_tokens": 2})
+        error = await client.error()
+        assert error["code"] == "context_length_exceeded"
+    await wait_for(lambda: server.all_kv_free)
+
+
+async def test_a_retention_ratio_leaves_out_more_at_once(model_dir, listener):
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        for bad in (0, 1.5):
+            await client.send("session.update", session={"truncation": {"type": "retention_ratio",
+                                                                        "retention_ratio": bad}})
+            error = await client.error()
+            assert (error["code"], error["param"]) == ("invalid_value", "session.truncation.retention_ratio")
+        session = await client.update(truncation={"type": "retention_ratio", "retention_ratio": 0.6},
+                                      temperature=0, max_output_tokens=2)
+        assert session["truncation"] == {"type": "retention_ratio", "retention_ratio": 0.6}
+        history = await fill(client, 3)
+        await client.say(long_turn(3))
+        events = await client.respond()
+        # 4 x ~305 tokens: "auto" leaves one turn out (it then fits); 0.6 leaves out two, down to 616 <= 0.6 x 1,235
+        kept = [*history[4:], {"role": "user", "content": long_turn(3)}]
+        assert events[-1]["response"]["usage"]["input_tokens"] == len(server.engine.tokenizer.encode_chat(kept))
+    await wait_for(lambda: server.all_kv_free)
 
 
 async def test_every_bad_event_gets_an_error_event_and_the_connection_stays_usable(model_dir, listener):

@@ -210,7 +210,7 @@ async def test_barge_in_cancels_the_answer_in_flight(endless_llm_dir, speech_dir
         assert events[-1]["response"]["status"] == "cancelled"
         assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
         assert of_type(events, "input_audio_buffer.speech_started")
-        await client.update(max_output_tokens=8)  # the context has no room for another 900
+        await client.update(max_output_tokens=8)  # the first turn leaves the context if the second needs its room
         await client.stream(silence(0.8))
         second = await client.until("response.done")  # the new turn is answered in its turn
         assert of_type(second, "input_audio_buffer.committed") and second[-1]["response"]["status"] != "failed"

@@ -30,9 +30,9 @@ from rill.transports.realtime.conversation import (
 from rill.transports.realtime.events import (
     ClientEvent, ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
     InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit, InputVideoFrameAppend, InputVideoFrameCommit,
-    InputAudioBufferCommitted, InputTextBufferCommitted, Item, RealtimeError, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent,
-    SessionConfig, SessionCreated, SessionUpdate, SessionUpdated, StatusDetails, decode_client_event, error_event,
-    new_id,
+    InputAudioBufferCommitted, InputTextBufferCommitted, Item, RealtimeError, ResponseCancel, ResponseCreate,
+    ResponseOptions, RetentionRatio, ServerEvent, SessionConfig, SessionCreated, SessionUpdate, SessionUpdated,
+    StatusDetails, decode_client_event, error_event, new_id,
 )
 from rill.transports.realtime import model_switch
 from rill.transports.realtime.model_switch import ServingFor
@@ -296,7 +296,10 @@ class RealtimeConnection:
         self.video.on_sent(turn, text_ids)
         self.video.on_text(turn, text)
         ids += text_ids
-        self._check_length(turn)
+        if not self._fits(turn):
+            if turn.context is None and self._truncate():
+                return self._open_input(text)  # over what is left of the conversation
+            raise self._too_long(turn)
         params = settings.sampling_params(self.serving)
         params.max_tokens = settings.max_output_tokens if per_chunk else None  # respond_at_end: set at finish
         self.engine.open_session(turn.request_id, params, respond_per_chunk=per_chunk, prompt_token_ids=ids,
@@ -325,22 +328,61 @@ class RealtimeConnection:
         self.video.before_text(turn)  # an open video ends where text starts
         self.video.on_text(turn, text)
         ids = self._encode(turn, text)
-        self._check_length(turn)
+        if not self._fits(turn):
+            self.drop_input()
+            if turn.context is None and self._truncate():
+                self._open_input(turn.text)  # the whole message so far, over what is left of the conversation
+                return
+            raise self._too_long(turn)
         self.send(turn, ids)
 
     def _encode(self, turn: InputTurn, text: str) -> list[int]:
         # A chunk the model answers at once must be seen whole; otherwise wait for stable tokens.
         return turn.encoder.flush(text) if turn.per_chunk else turn.encoder.feed(text)
 
-    def _check_length(self, turn: InputTurn) -> None:
-        limit, num_tokens = self.serving.max_model_len, turn.num_tokens
-        if num_tokens < limit:
-            return
-        if self._turn is turn:
+    def _fits(self, turn: InputTurn, room: int = 1) -> bool:
+        return turn.num_tokens + room <= self.serving.max_model_len
+
+    def _reopen_truncated(self, turn: InputTurn, room: int) -> tuple[InputTurn, list[int]]:
+        """The message ends, and with its last tokens and `room` for the answer it does not fit: open it
+        again over a truncated conversation; returns the new turn and its last ids (not yet sent)."""
+        while True:
             self.drop_input()
-        raise RealtimeError("context_length_exceeded", f"the streamed message reaches {num_tokens} "
-                                f"tokens with the conversation; this model's maximum context length is {limit}. "
-                                "The message was dropped", "delta")
+            if turn.context is not None or not self._truncate():
+                raise self._too_long(turn)
+            self._open_input(turn.text)
+            turn = self._turn
+            tail = turn.encoder.flush(turn.suffix)
+            if self._fits(turn, room):
+                return turn, tail
+
+    def _too_long(self, turn: InputTurn) -> RealtimeError:
+        return RealtimeError("context_length_exceeded", f"the streamed message reaches {turn.num_tokens} tokens "
+                             f"with the conversation; this model's maximum context length is "
+                             f"{self.serving.max_model_len}. The message was dropped", "delta")
+
+    def _truncate(self) -> bool:
+        """session.truncation: leave the conversation's oldest turns out of the context (they stay in the
+        conversation), one turn ("auto") or down to retention_ratio of its tokens. False when truncation is
+        disabled or the context holds no item. A message streaming with pictures or video is not re-opened
+        (its media would have to be placed again): it gets context_length_exceeded as before."""
+        truncation = self.settings.truncation
+        before = self._context_tokens() if isinstance(truncation, RetentionRatio) else 0
+        if truncation == "disabled" or not self.conversation.leave_out_oldest_turn():
+            return False
+        if isinstance(truncation, RetentionRatio):
+            while self._context_tokens() > truncation.retention_ratio * before:
+                if not self.conversation.leave_out_oldest_turn():
+                    break
+        return True
+
+    def _context_tokens(self) -> int:
+        """The conversation's tokens in the context, without the instructions."""
+        messages = self.conversation.messages("", self.video.content)
+        if not messages:
+            return 0
+        text = self.serving.tokenizer.apply_chat_template(messages, tools=self.settings.template_tools)
+        return len(self.serving.tokenizer.encode(text, add_special_tokens=False))
 
     def commit_text(self, options: ResponseOptions | None = None) -> None:
         """The streamed words become a user message (after the response in flight, if one is)."""
@@ -355,8 +397,12 @@ class RealtimeConnection:
             self._end_answer("cancelled", TURN_DETECTED)
         turn = self._turn
         self.video.before_text(turn)  # the message ends: so does its video
+        tail = turn.encoder.flush(turn.suffix)
+        room = self.settings.max_tokens(options) or 1  # the answer's, so that the response can start
+        if not self._fits(turn, room) and room < self.serving.max_model_len:
+            turn, tail = self._reopen_truncated(turn, room)
         self._add_user_item(committed=True)
-        self.send(turn, turn.encoder.flush(turn.suffix))
+        self.send(turn, tail)
         self.video.on_turn_closed()
         if turn.per_chunk:
             self._finish_input(self.settings.max_tokens(options))  # the whole message is answered now
@@ -401,6 +447,18 @@ class RealtimeConnection:
         instructions = self.settings.instructions
         if options is not None and options.instructions is not None:
             instructions = options.instructions
+        params = self.settings.sampling_params(self.serving, options)
+        prompt, items = self._conversation_prompt(instructions)
+        while len(prompt) + (params.max_tokens or 1) > self.serving.max_model_len \
+                and (params.max_tokens or 0) < self.serving.max_model_len and self._truncate():
+            prompt, items = self._conversation_prompt(instructions)
+        self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
+        self.serving.check_ready()
+        request_id = self._new_request_id()
+        self.engine.submit(request_id, prompt, params, items)
+        self._start_response(request_id, params.max_tokens)
+
+    def _conversation_prompt(self, instructions: str) -> tuple[list[int], list]:
         messages = self.conversation.messages(instructions, self.video.content)
         if not messages:
             raise RealtimeError("conversation_empty", "there is nothing to answer: create an item or stream text "
@@ -409,13 +467,7 @@ class RealtimeConnection:
         text = tokenizer.apply_chat_template(messages, tools=self.settings.template_tools)
         forced = self.settings.forced(tokenizer)
         prompt = tokenizer.encode(text + forced.prompt_text, add_special_tokens=False)
-        prompt, items = self.video.expand(prompt)  # pictures and videos of the conversation placed
-        params = self.settings.sampling_params(self.serving, options)
-        self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
-        self.serving.check_ready()
-        request_id = self._new_request_id()
-        self.engine.submit(request_id, prompt, params, items)
-        self._start_response(request_id, params.max_tokens)
+        return self.video.expand(prompt)  # pictures and videos of the conversation placed
 
     def _new_response(self, in_band: bool, max_tokens: int | None) -> ResponseStream:
         parse_tools = self.settings.template_tools is not None and self.serving.options.tool_call_parser is not None

@@ -17,8 +17,8 @@ from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_pre
 from rill.sampling_params import SamplingParams
 from rill.transports.realtime.audio_input import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
 from rill.transports.realtime.events import (
-    AudioFormat, AudioInput, AudioSettings, ContentPart, Item, RealtimeError, ResponseOptions, Session, SessionConfig,
-    Tool, ToolChoiceFunction, TranscriptionSettings, new_id,
+    AudioFormat, AudioInput, AudioSettings, ContentPart, Item, RealtimeError, ResponseOptions, RetentionRatio, Session,
+    SessionConfig, Tool, ToolChoiceFunction, TranscriptionSettings, new_id,
 )
 from rill.transports.realtime.voice_settings import (
     DEFAULT_TURN_DETECTION, TurnDetection, transcription_settings, turn_detection, turn_detection_wire,
@@ -52,6 +52,7 @@ class Settings:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str | ToolChoiceFunction = "auto"
     output_mode: str = "respond_at_end"
+    truncation: str | RetentionRatio = "auto"  # or "disabled": a conversation past the context is an error
     audio_rate_hz: int = MODEL_RATE_HZ
     session_type: str = "realtime"  # or "transcription": transcribe speech, answer nothing
     turn_detection: TurnDetection | None = DEFAULT_TURN_DETECTION  # None: turns end at input_audio_buffer.commit
@@ -90,13 +91,14 @@ class Settings:
         new.session_type = config.type or new.session_type
         new.transcription = transcription_settings(config, new.transcription, speech_models)
         new.turn_detection = turn_detection(config, new.turn_detection)
-        for name in ("instructions", "temperature", "tool_choice", "output_mode", "tools"):
+        for name in ("instructions", "temperature", "tool_choice", "output_mode", "tools", "truncation"):
             if getattr(config, name) is not None:
                 setattr(new, name, getattr(config, name))
         limit = config.max_output_tokens if config.max_output_tokens is not None else config.max_response_output_tokens
         if limit is not None:
             new.max_output_tokens = _token_limit(limit, "session.max_response_output_tokens")
         _check_modalities(config.output_modalities or config.modalities)
+        _check_truncation(new.truncation)
         _check_tool_choice(new, serving)
         new.audio_rate_hz = _audio_rate(config) or new.audio_rate_hz
         new.sampling_params(serving)  # validates temperature
@@ -139,7 +141,7 @@ class Settings:
             output_modalities=["text"], input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),
             temperature=self.temperature, tools=self.tools, tool_choice=self.tool_choice,
             max_response_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
-            output_mode=self.output_mode, type=self.session_type, turn_detection=turn_detection_wire(self.turn_detection),
+            output_mode=self.output_mode, truncation=self.truncation, type=self.session_type, turn_detection=turn_detection_wire(self.turn_detection),
             input_audio_transcription=self.transcription,
             audio=AudioSettings(AudioInput(AudioFormat("audio/pcm", self.audio_rate_hz), self.transcription,
                                            turn_detection_wire(self.turn_detection))),
@@ -148,6 +150,12 @@ class Settings:
 
 def msgspec_dict(value, exclude: tuple[str, ...] = ()) -> dict:
     return {k: v for k, v in msgspec.to_builtins(value).items() if k not in exclude}
+
+
+def _check_truncation(truncation: str | RetentionRatio) -> None:
+    if isinstance(truncation, RetentionRatio) and not 0.0 < truncation.retention_ratio <= 1.0:
+        raise RealtimeError("invalid_value", "session.truncation.retention_ratio must be above 0 and at most 1; "
+                            f"got {truncation.retention_ratio}", "session.truncation.retention_ratio")
 
 
 def _token_limit(value: int | str, param: str) -> int | None:
@@ -191,10 +199,27 @@ def _audio_rate(config: SessionConfig) -> int | None:
 
 
 class Conversation:
-    """The connection's items, in order. Response output items join as they are added."""
+    """The connection's items, in order. Response output items join as they are added.
+
+    Truncation leaves the oldest turns out of the model's context (`start`: the first item in it); they
+    stay in the conversation, as in OpenAI's Realtime API."""
 
     def __init__(self):
         self.items: list[Item] = []
+        self.start = 0
+
+    @property
+    def in_context(self) -> list[Item]:
+        return self.items[self.start:]
+
+    def leave_out_oldest_turn(self) -> bool:
+        """Move the context's start past its oldest turn: up to the next user message, so that a call and
+        its output leave together. False when the context holds no item."""
+        if self.start >= len(self.items):
+            return False
+        self.start = next((i for i in range(self.start + 1, len(self.items)) if _is_user_message(self.items[i])),
+                          len(self.items))
+        return True
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` ("root": first; None: last); return the id now before it."""
@@ -202,6 +227,8 @@ class Conversation:
         item.object = "realtime.item"
         at = self._insert_at(previous_item_id)
         self.items.insert(at, item)
+        if at < self.start:  # among the turns truncation left out
+            self.start += 1
         return self.items[at - 1].id if at else None
 
     def _insert_at(self, previous_item_id: str | None) -> int:
@@ -223,7 +250,7 @@ class Conversation:
         renders a message's content (default: its text; see video for pictures and frames)."""
         content = content or item_text
         out = [{"role": "system", "content": instructions}] if instructions else []
-        for item in self.items:
+        for item in self.in_context:
             if item.type == "message":
                 out.append({"role": item.role, "content": content(item)})
             elif item.type == "function_call_output":
@@ -233,6 +260,10 @@ class Conversation:
                     out.append({"role": "assistant", "content": ""})
                 out[-1].setdefault("tool_calls", []).append(_tool_call(item))
         return out
+
+
+def _is_user_message(item: Item) -> bool:
+    return item.type == "message" and item.role == "user"
 
 
 def _tool_call(item: Item) -> dict:

@@ -73,6 +73,14 @@ class ToolChoiceFunction(msgspec.Struct):
     type: Literal["function"] = "function"
 
 
+class RetentionRatio(msgspec.Struct):
+    """truncation as a share: when the conversation outgrows the context, keep about this fraction of
+    its tokens (the oldest turns leave), so that it is not cut again on the very next turn."""
+
+    retention_ratio: float
+    type: Literal["retention_ratio"] = "retention_ratio"
+
+
 class AudioFormat(msgspec.Struct, omit_defaults=True):
     type: Literal["audio/pcm", "pcm16"] = "audio/pcm"
     rate: int | None = None  # 16000 or 24000 (resampled to 16000)
@@ -124,6 +132,7 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction | None = None
     output_mode: Literal["respond_at_end", "respond_per_chunk"] | None = None  # rill
+    truncation: Literal["auto", "disabled"] | RetentionRatio | None = None  # GA
     input_audio_transcription: TranscriptionSettings | None = None  # beta
     turn_detection: TurnDetectionSettings | None | msgspec.UnsetType = msgspec.UNSET  # beta; null: manual commit
 
@@ -285,6 +294,7 @@ class Session(msgspec.Struct, kw_only=True):
     tools: list[Tool]
     tool_choice: str | ToolChoiceFunction
     output_mode: str
+    truncation: str | RetentionRatio = "auto"
     turn_detection: TurnDetectionSettings | None = None
     input_audio_transcription: TranscriptionSettings | None = None
     audio: AudioSettings | None = None  # the GA shape of the three audio settings

@@ -290,7 +290,7 @@ class VideoInput:
         return parts
 
     def media_in_order(self) -> list:
-        return [m for item in self.conn.conversation.items for m in self.media.get(item.id, ())
+        return [m for item in self.conn.conversation.in_context for m in self.media.get(item.id, ())
                 if not (isinstance(m, Video) and not m.pieces)]
 
     def audio_index(self) -> int:
