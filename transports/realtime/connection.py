@@ -297,7 +297,7 @@ class RealtimeConnection:
         self.video.on_text(turn, text)
         ids += text_ids
         if not self._fits(turn):
-            if turn.context is None and self._truncate():
+            if self._truncate():
                 return self._open_input(text)  # over what is left of the conversation
             raise self._too_long(turn)
         params = settings.sampling_params(self.serving)
@@ -330,7 +330,7 @@ class RealtimeConnection:
         ids = self._encode(turn, text)
         if not self._fits(turn):
             self.drop_input()
-            if turn.context is None and self._truncate():
+            if _text_only(turn) and self._truncate():
                 self._open_input(turn.text)  # the whole message so far, over what is left of the conversation
                 return
             raise self._too_long(turn)
@@ -348,7 +348,7 @@ class RealtimeConnection:
         again over a truncated conversation; returns the new turn and its last ids (not yet sent)."""
         while True:
             self.drop_input()
-            if turn.context is not None or not self._truncate():
+            if not _text_only(turn) or not self._truncate():
                 raise self._too_long(turn)
             self._open_input(turn.text)
             turn = self._turn
@@ -364,8 +364,8 @@ class RealtimeConnection:
     def _truncate(self) -> bool:
         """session.truncation: leave the conversation's oldest turns out of the context (they stay in the
         conversation), one turn ("auto") or down to retention_ratio of its tokens. False when truncation is
-        disabled or the context holds no item. A message streaming with pictures or video is not re-opened
-        (its media would have to be placed again): it gets context_length_exceeded as before."""
+        disabled or the context holds no item. A streaming message that holds video of its own is not
+        re-opened (its frames would be lost): it gets context_length_exceeded as before."""
         truncation = self.settings.truncation
         before = self._context_tokens() if isinstance(truncation, RetentionRatio) else 0
         if truncation == "disabled" or not self.conversation.leave_out_oldest_turn():
@@ -572,3 +572,8 @@ class RealtimeConnection:
     def _new_request_id(self) -> str:
         self.num_requests += 1
         return f"rt-{self.session_id}-{self.num_requests}"
+
+
+def _text_only(turn: InputTurn) -> bool:
+    """A streaming message that can be opened again from its text: no live video of its own."""
+    return all(isinstance(part, str) for part in turn.parts)
