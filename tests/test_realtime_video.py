@@ -421,3 +421,38 @@ async def test_frames_then_a_commit_during_an_answer_form_the_next_message(model
         events = await client.respond()
         history = [([first], FLASHES_QUESTION), text_of(done), ([during], LAST_DIGIT_QUESTION)]
         assert text_of(events) == await chat_answer(server, history)
+
+
+async def test_truncation_keeps_the_pictures_of_the_turns_left_in_context(model_dir, listener):
+    """A long conversation with a picture in its middle: the streamed message that needs room leaves out the
+    oldest (text) turn, and the picture's turn, still in the context, is placed again with its picture."""
+    url = data_url(light_clip([True])[0])
+
+    def long_text(k: int) -> str:  # about 2,250 tokens; the test model's context is 4,096
+        return " ".join(f"w{k}x{i}" for i in range(400))
+
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        await greedy(client)
+        await put_question(client, long_text(0))
+        await client.until("conversation.item.created")
+        await client.respond()
+        await client.send("conversation.item.create", item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "What is red?"}]})
+        await client.until("conversation.item.created")
+        seen = text_of(await client.respond())
+        for piece in (long_text(1)[:900], long_text(1)[900:]):
+            await client.send("input_text_buffer.append", delta=piece)
+        events = await client.respond()
+        serving = server.serving
+        kept = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is red?"}]},
+                {"role": "assistant", "content": seen}, {"role": "user", "content": long_text(1)}]
+        ids = serving.tokenizer.encode(serving.tokenizer.apply_chat_template(kept), add_special_tokens=False)
+        item = serving.mm_inputs.item(IMAGE, load_image(url, serving.options.media, param="image_url"))
+        ids, items = serving.mm_inputs.expand(ids, [item])
+        expected = ""
+        async for delta in server.engine.generate(ids, SamplingParams(**ANSWER), mm_items=items):
+            expected += delta.text
+        assert events[-1]["response"]["usage"]["input_tokens"] == len(ids)
+        assert text_of(events) == expected
+    await kv_and_feeds_free(server)
