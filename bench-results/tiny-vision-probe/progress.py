@@ -1,0 +1,40 @@
+"""rill-tiny-vision with the patch probe, held out per family against the steps trained: the 2,000-step run
+from scratch, then phases continued with --init-from (JSON beside this file), and the earlier recipe's
+14,400-step figures (README) for reference.
+
+    python bench-results/tiny-vision-probe/progress.py   # writes progress.png and progress.json
+"""
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+here = Path(__file__).parent
+points = [(2000, "probe-eval.json")] + [(2000 + n, f"long-{n}-eval.json") for n in (2000, 4000, 6000, 8000)]
+points += [(10000 + n, f"p3-{n}-eval.json") for n in (5000,)]
+EARLIER = {"colour": 72.5, "count": 20, "number": 0, "left_of": 0, "flashes": 100, "last_digit": 70, "clip_colour": 100}
+rows = {}
+for steps, name in points:
+    path = here / name
+    if path.exists():
+        table = json.loads(path.read_text())["table"]
+        rows[steps] = {family: round(100 * row["accuracy"], 1) for family, row in table.items()}
+fig, ax = plt.subplots(figsize=(9, 5))
+for k, family in enumerate(EARLIER):
+    line, = ax.plot(list(rows), [r[family] for r in rows.values()], marker="o", label=family)
+    ax.scatter([14400], [EARLIER[family]], marker="x", color=line.get_color())
+ax.axhline(95, color="gray", linestyle=":", label="the bar, 95%")
+ax.set_xlabel("training steps in all (x: the earlier recipe at 14,400 steps)")
+ax.set_ylabel("held-out exact answers, % (40 a family)")
+ax.set_ylim(-3, 103)
+ax.legend(fontsize=8, ncol=2)
+ax.set_title("rill-tiny-vision with the patch probe, seed 0, one shared 2-core machine")
+fig.tight_layout()
+fig.savefig(here / "progress.png", dpi=110)
+(here / "progress.json").write_text(json.dumps({"held_out_percent_by_steps": rows, "earlier_recipe_14400": EARLIER},
+                                               indent=2) + "\n")
+print(json.dumps(rows, indent=1))
