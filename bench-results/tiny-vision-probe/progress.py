@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 here = Path(__file__).parent
 points = [(2000, "probe-eval.json")] + [(2000 + n, f"long-{n}-eval.json") for n in (2000, 4000, 6000, 8000)]
-points += [(10000 + n, f"p3-{n}-eval.json") for n in (5000,)]
+points += [(10000 + n, f"p3-{n}-eval.json") for n in (1000, 2000, 3000)]
 EARLIER = {"colour": 72.5, "count": 20, "number": 0, "left_of": 0, "flashes": 100, "last_digit": 70, "clip_colour": 100}
 rows = {}
 for steps, name in points:
