@@ -389,6 +389,17 @@ async def test_a_retention_ratio_leaves_out_more_at_once(model_dir, listener):
     await wait_for(lambda: server.all_kv_free)
 
 
+async def test_a_bad_response_create_leaves_the_streamed_message_as_it_was(model_dir, listener):
+    text = "Hi there, friend of mine"
+    async with serve(model_dir) as server, connect(server, listener) as client:
+        await client.update(**GREEDY)
+        await client.send("input_text_buffer.append", delta=text)
+        await client.send("response.create", response={"max_output_tokens": 0})
+        assert (await client.error())["code"] == "invalid_value"
+        events = await client.respond()
+        assert text_of(events) == await engine_answer(server, [{"role": "user", "content": text}])
+
+
 async def test_every_bad_event_gets_an_error_event_and_the_connection_stays_usable(model_dir, listener):
     async with serve(model_dir, max_message_bytes=4096) as server, connect(server, listener) as client:
         bad = [

@@ -393,12 +393,12 @@ class RealtimeConnection:
             return
         if self.state not in (State.STREAMING, State.ANSWERING):
             raise RealtimeError("input_text_buffer_commit_empty", "there is no streamed text to commit")
+        room = self.settings.max_tokens(options) or 1  # the answer's, so that it can start (checked before a change)
         if self.state is State.ANSWERING:
             self._end_answer("cancelled", TURN_DETECTED)
         turn = self._turn
         self.video.before_text(turn)  # the message ends: so does its video
         tail = turn.encoder.flush(turn.suffix)
-        room = self.settings.max_tokens(options) or 1  # the answer's, so that the response can start
         if not self._fits(turn, room) and room < self.serving.max_model_len:
             turn, tail = self._reopen_truncated(turn, room)
         self._add_user_item(committed=True)
