@@ -329,11 +329,8 @@ class RealtimeConnection:
         self.video.on_text(turn, text)
         ids = self._encode(turn, text)
         if not self._fits(turn):
-            self.drop_input()
-            if _text_only(turn) and self._truncate():
-                self._open_input(turn.text)  # the whole message so far, over what is left of the conversation
-                return
-            raise self._too_long(turn)
+            self._reopen(turn)  # the whole message so far, over what is left of the conversation
+            return
         self.send(turn, ids)
 
     def _encode(self, turn: InputTurn, text: str) -> list[int]:
@@ -343,15 +340,20 @@ class RealtimeConnection:
     def _fits(self, turn: InputTurn, room: int = 1) -> bool:
         return turn.num_tokens + room <= self.serving.max_model_len
 
+    def _reopen(self, turn: InputTurn) -> InputTurn:
+        """The streaming message does not fit: drop it, truncate the conversation, open it again from its
+        text; context_length_exceeded (the message dropped) when truncation cannot make room."""
+        self.drop_input()
+        if not _text_only(turn) or not self._truncate():
+            raise self._too_long(turn)
+        self._open_input(turn.text)
+        return self._turn
+
     def _reopen_truncated(self, turn: InputTurn, room: int) -> tuple[InputTurn, list[int]]:
         """The message ends, and with its last tokens and `room` for the answer it does not fit: open it
         again over a truncated conversation; returns the new turn and its last ids (not yet sent)."""
         while True:
-            self.drop_input()
-            if not _text_only(turn) or not self._truncate():
-                raise self._too_long(turn)
-            self._open_input(turn.text)
-            turn = self._turn
+            turn = self._reopen(turn)
             tail = turn.encoder.flush(turn.suffix)
             if self._fits(turn, room):
                 return turn, tail
@@ -449,8 +451,8 @@ class RealtimeConnection:
             instructions = options.instructions
         params = self.settings.sampling_params(self.serving, options)
         prompt, items = self._conversation_prompt(instructions)
-        while len(prompt) + (params.max_tokens or 1) > self.serving.max_model_len \
-                and (params.max_tokens or 0) < self.serving.max_model_len and self._truncate():
+        room, limit = params.max_tokens or 1, self.serving.max_model_len  # the answer's room
+        while room < limit < len(prompt) + room and self._truncate():  # room past the limit: no cut helps
             prompt, items = self._conversation_prompt(instructions)
         self.serving.check_fits(len(prompt), params.max_tokens, "conversation")
         self.serving.check_ready()

@@ -27,14 +27,14 @@ SHAPES = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
 GLYPHS = ("", *SHAPES, *"0123456789")
 COLOUR_NAMES = ("", *COLOURS)
 CODE_BASE = len(COLOUR_NAMES)
-
-
-def label_code(glyph: str, colour: str) -> int:
-    return GLYPHS.index(glyph) * CODE_BASE + COLOUR_NAMES.index(colour)
 FONT_FILES = (
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSansMono.ttf",
     "DejaVuSansMono-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf",
 )
+
+
+def label_code(glyph: str, colour: str) -> int:
+    return GLYPHS.index(glyph) * CODE_BASE + COLOUR_NAMES.index(colour)
 
 
 @cache
@@ -152,40 +152,31 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-def widen(image: Image.Image, rng: random.Random, share: float = 0.25,
-          label: Image.Image | None = None) -> tuple[Image.Image, Image.Image | None]:
-    """On a share of pictures, extend the square canvas with its own background to 4:3 or 3:4 (the
-    label map, when there is one, the same way)."""
+def widen(image: Image.Image, label: Image.Image, rng: random.Random,
+          share: float = 0.25) -> tuple[Image.Image, Image.Image]:
+    """On a share of pictures, extend the square canvas with its own background to 4:3 or 3:4, and its
+    label map the same way."""
     if rng.random() >= share:
         return image, label
     w, h = image.size
     aspect = rng.choice(((4, 3), (3, 4)))
     new = (w * aspect[0] // min(aspect), h * aspect[1] // min(aspect))
     canvas = Image.new("RGB", new, image.getpixel((0, 0)))
+    wide = Image.new("L", new, 0)
     at = (rng.randint(0, new[0] - w), rng.randint(0, new[1] - h))
     canvas.paste(image, at)
-    if label is not None:
-        wide = Image.new("L", new, 0)
-        wide.paste(label, at)
-        label = wide
-    return canvas, label
+    wide.paste(label, at)
+    return canvas, wide
 
 
-def finish(image: Image.Image, rng: random.Random, factor: int, min_pixels: int, max_pixels: int,
-           noise: float = 0.5, jpeg: float = 0.5, label: Image.Image | None = None):
+def finish(image: Image.Image, label: Image.Image, rng: random.Random, factor: int, min_pixels: int,
+           max_pixels: int, noise: float = 0.5, jpeg: float = 0.5) -> tuple[Image.Image, np.ndarray]:
     """Resize to the processor's target size (a size it then keeps), then Gaussian noise and JPEG
-    re-encoding, each on a share of pictures. With `label`, returns (picture, the label map at the
-    picture's size as a uint8 array)."""
+    re-encoding, each on a share of pictures; the label map resized alike, as a uint8 array."""
     height, width = smart_resize(image.height, image.width, factor, min_pixels, max_pixels)
     if image.size != (width, height):
         image = image.resize((width, height), Image.BICUBIC)
-    if label is not None:
-        codes = np.asarray(label.resize((width, height), Image.NEAREST), dtype=np.uint8)
-        return _noise_and_jpeg(image, rng, noise, jpeg), codes
-    return _noise_and_jpeg(image, rng, noise, jpeg)
-
-
-def _noise_and_jpeg(image: Image.Image, rng: random.Random, noise: float, jpeg: float) -> Image.Image:
+    codes = np.asarray(label.resize((width, height), Image.NEAREST), dtype=np.uint8)
     if rng.random() < noise:
         sigma = rng.uniform(2, 12)
         arr = np.asarray(image, dtype=np.float32)
@@ -196,4 +187,4 @@ def _noise_and_jpeg(image: Image.Image, rng: random.Random, noise: float, jpeg: 
         buffer = io.BytesIO()
         image.save(buffer, "JPEG", quality=rng.randint(35, 95))
         image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-    return image
+    return image, codes

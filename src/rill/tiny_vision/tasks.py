@@ -67,8 +67,8 @@ def make(rng: random.Random, family: str, split: str) -> Example:
 def _finish(image: Image.Image, label: Image.Image, rng: random.Random) -> tuple[Image.Image, np.ndarray]:
     """Widened on a share, resized to the processor's target (so its own resize leaves it), noise, JPEG;
     the label map follows the picture's geometry."""
-    image, label = draw.widen(image, rng, label=label)
-    return draw.finish(image, rng, FACTOR, MIN_IMAGE_PIXELS, IMAGE_SIZE * IMAGE_SIZE, label=label)
+    image, label = draw.widen(image, label, rng)
+    return draw.finish(image, label, rng, FACTOR, MIN_IMAGE_PIXELS, IMAGE_SIZE * IMAGE_SIZE)
 
 
 def _picture(family: str, answer: str, key: str, image: Image.Image, label: Image.Image, rng) -> Example:
