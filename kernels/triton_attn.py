@@ -31,7 +31,12 @@ _LOG2E = tl.constexpr(LOG2E)  # what a kernel may read: compiled Triton sees onl
 DECODE_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 PREFILL_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
 MIN_SPLIT_TOKENS = 128  # below this a split's fixed cost outweighs the parallelism gained
-MAX_SPLITS = 64
+MAX_SPLITS = 64  # a power of two: the merge kernel reads this many partial rows, masked past num_splits
+# Integer arguments that change from step to step. Compiled Triton specializes an int argument equal to 1
+# or divisible by 16 (a variant each, compiled on its first launch); these are kept out of that, so that a
+# server's batches, contexts and split counts meet the variants its start-up warm-up compiled, and never
+# compile while it serves (a compile holds the interpreter lock for seconds: the event loop stalls).
+DYNAMIC_INTS = ("num_splits", "num_seqs", "stride_bt")
 
 
 @triton.jit
@@ -99,7 +104,7 @@ def _attend_tile(
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DYNAMIC_INTS)
 def _decode_kernel(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
     qk_scale, cap, window, num_splits, num_heads,
@@ -152,7 +157,7 @@ def _decode_kernel(
         tl.store(dst, o.to(out.dtype.element_ty), mask=(g < GROUP)[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DYNAMIC_INTS)
 def _merge_splits_kernel(
     part_out, part_lse, query_start_loc, out, num_splits, num_heads, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -185,7 +190,7 @@ def _find_seq(query_start_loc, num_seqs, tile, BLOCK_Q: tl.constexpr):
     return left - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=DYNAMIC_INTS)
 def _prefill_kernel(
     query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
     qk_scale, cap, window, num_seqs,
@@ -319,7 +324,7 @@ def _launch_decode(query, k_cache, v_cache, block_tables, seq_lens, query_start_
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
             parts, lse, query_start_loc, out, num_splits, num_heads, *out.stride()[:2],
-            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, SPLITS_PAD=MAX_SPLITS,
         )
 
 

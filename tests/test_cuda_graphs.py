@@ -19,6 +19,8 @@ from helpers_models import make_model_dir
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.engine.cuda_graphs import DecodeGraphs, buckets
+from rill.engine.model_runner import WARM_UP_SPLIT_TOKENS
+from rill.kernels.triton_attn import MIN_SPLIT_TOKENS
 from rill.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -124,7 +126,12 @@ def test_the_start_up_warm_up_pass_leaves_the_engine_as_it_was(model_dir, device
     want = generate(EngineCore(EngineConfig(**kw)), ps)
     core = EngineCore(EngineConfig(**kw))
     free = core.block_manager.num_free_blocks
+    widths, prepare = [], core.runner._prepare  # its last decode reads tables wide enough to split the keys
+    core.runner._prepare = lambda batch: (widths.append(max(len(t) for s in batch.seqs for t in s.block_tables)),
+                                          prepare(batch))[1]
     assert core.runner.warm_up() >= 0
+    core.runner._prepare = prepare
+    assert widths[-1] * core.runner.block_size >= WARM_UP_SPLIT_TOKENS >= 2 * MIN_SPLIT_TOKENS
     assert core.block_manager.num_free_blocks == free and not core.requests
     assert generate(core, ps) == want
 

@@ -75,7 +75,7 @@ def test_prefill_kernel_compiles_for_hopper(dtype, window, softcap):
 
 
 def test_merge_and_write_kernels_compile_for_hopper():
-    compile_kernel(triton_attn._merge_splits_kernel, "bf16", {"HEAD_DIM": 128, "SPLITS_PAD": 8})
+    compile_kernel(triton_attn._merge_splits_kernel, "bf16", {"HEAD_DIM": 128, "SPLITS_PAD": triton_attn.MAX_SPLITS})
     compile_kernel(triton_attn._write_kv_kernel, "bf16", {"PAGE": 16, "HEAD_DIM": 128, "HEADS_PAD": 8})
 
 
@@ -90,3 +90,14 @@ def test_a_kernel_reading_a_plain_global_fails_to_compile(monkeypatch):
         causes.append(str(error))
         error = error.__cause__ or error.__context__
     assert any("global variable _LOG2E" in text for text in causes), causes
+
+
+def test_the_step_to_step_integers_are_not_specialized():
+    """Compiled Triton makes a variant for an int argument equal to 1 or divisible by 16. The split
+    count, the prefill's sequence count and the block tables' width change from step to step, so they
+    are left out of that: a server then never compiles after its warm-up pass (on an H100 a compile in
+    the engine thread stalled the event loop past the keep-alive timeout, 2026-11-26)."""
+    kernels = (triton_attn._decode_kernel, triton_attn._merge_splits_kernel, triton_attn._prefill_kernel)
+    for name in triton_attn.DYNAMIC_INTS:
+        params = [p for k in kernels for p in k.params if p.name == name]
+        assert params and all(p.do_not_specialize for p in params), name

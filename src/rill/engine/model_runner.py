@@ -21,6 +21,10 @@ from rill.models.linear import decode_step, pack_for_cpu
 from rill.outputs import TokenLogprob
 from rill.sampling_params import SamplingParams
 
+# The warm-up's widest block table, in tokens: twice the decode kernel's smallest split
+# (kernels/triton_attn.py MIN_SPLIT_TOKENS), so that it splits the keys and compiles that variant.
+WARM_UP_SPLIT_TOKENS = 256
+
 
 def zeroed_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A KV cache tensor of zeros. On the CPU it comes from calloc (numpy.zeros), whose pages the
@@ -69,22 +73,27 @@ class ModelRunner:
         compiled at start rather than on the first requests (Triton compiles per variant on first
         launch: 3.8 s of an H200's first requests' time to first token). One sequence and two, since
         Triton specializes an argument equal to 1. Writes KV only into blocks that no request holds
-        yet (at start every block is free). Returns the seconds spent."""
+        yet (at start every block is free). The second decode step reads block tables padded (with
+        their first block) as wide as a long context's, so that the decode kernel splits the keys and
+        its split-K variant and the merge are compiled too. Returns the seconds spent."""
         t0 = time.perf_counter()
         bs, dev = self.block_size, self.device
         if self.kv_caches[0][0].shape[0] < 5:  # the dummy sequences' blocks (2 + 3) would not fit: skip
             return 0.0
         for lengths in ((bs + 1,), (bs + 1, 2 * bs + 1)):
             seqs, first = [], 0
-            for i, n in enumerate(lengths):  # n prompt tokens and one more, on blocks first, first + 1, ...
-                seq = Sequence(f"warm-up-{i}", 0, [0] * (n + 1), SamplingParams(max_tokens=1), block_size=bs,
+            for i, n in enumerate(lengths):  # n prompt tokens and two more, on blocks first, first + 1, ...
+                seq = Sequence(f"warm-up-{i}", 0, [0] * (n + 2), SamplingParams(max_tokens=1), block_size=bs,
                                max_tokens=1, num_kv_groups=self.layout.num_groups)
-                blocks = range(first, first + -(-(n + 1) // bs))
+                blocks = range(first, first + -(-(n + 2) // bs))
                 for table in seq.block_tables:
                     table.extend(blocks)
                 first = blocks.stop
                 seqs.append(seq)
-            for step in (lengths, (1,) * len(lengths)):  # a prefill, then one decode step after it
+            for i, step in enumerate((lengths, (1,) * len(lengths), (1,) * len(lengths))):  # prefill, 2 decodes
+                if i == 2:  # the second decode reads tables as wide as a long context's: the split-K variant
+                    for table in (t for seq in seqs for t in seq.block_tables):
+                        table.extend([table[0]] * (-(-WARM_UP_SPLIT_TOKENS // bs) - len(table)))
                 batch = ScheduledBatch()
                 for seq, num_new in zip(seqs, step):
                     batch.add(seq, num_new)
