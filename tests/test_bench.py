@@ -120,6 +120,19 @@ def test_serve_bench_runs_clients_against_an_in_process_server(tmp_path, cache_d
         assert 0 < level["itl_p50_ms"] <= level["itl_p99_ms"]
 
 
+def test_serve_bench_spreads_clients_over_processes(tmp_path, cache_dir):
+    """--client-processes: the same workload from several processes (one Python process parsing hundreds
+    of streams was slower than a GPU server); every request is counted once, timed from one start."""
+    result = run_bench(tmp_path, cache_dir, "serve", "--concurrency", "1,3", "--requests-per-client", "2",
+                       "--prompt-tokens", "16", "--max-tokens", "6", "--threads", "1", "--client-processes", "2")
+    assert result["config"]["client_processes"] == 2
+    for level, clients in zip(result["levels"], (1, 3)):  # a level of one client runs in this process
+        assert level["requests"] == 2 * clients and level["output_tokens"] == 6 * 2 * clients
+        assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"] and 0 < level["wall_s"] < 60
+    with pytest.raises(SystemExit, match="at least 1"):
+        main(["serve", "--client-processes", "0", "--no-progress"])
+
+
 def test_scheduler_bench_outputs_outlast_the_warm_up_at_1024_requests():
     # Regression: at 1,024 x 64-token prompts the requests that decode early take a step's budget from
     # the prefill, the warm-up ran past the outputs' length, and a timed step lost 32 finished requests.

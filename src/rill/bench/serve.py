@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--vocab-size", type=int, default=None, help=f"prompt token ids are drawn below this (default {DEFAULT_VOCAB})")
     p.add_argument("--timeout", type=float, default=600.0, help="give up on one level after this many seconds")
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="spread each level's clients over this many processes (default 1); one process "
+                        "streaming hundreds of responses can be slower than the server it measures")
     p.add_argument("--device", default="cpu", help="the in-process server's device: cpu | cuda (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the in-process server's dtype (default float32)")
@@ -80,28 +83,68 @@ async def stream_one(client, url: str, body: dict) -> dict:
 
 
 async def run_level(url: str, headers: dict, model: str, concurrency: int, args, vocab_size: int, bar) -> dict:
-    import httpx
     import trio
 
     rng = random.Random(args.seed + concurrency)
     bodies = [[_body(args, model, rng, vocab_size) for _ in range(args.requests_per_client)]
               for _ in range(concurrency)]
+    processes = min(args.client_processes, concurrency)
+    if processes == 1:
+        t0 = time.perf_counter()
+        results = await run_clients(url, headers, bodies, args.timeout, bar.update)
+        return _level_summary(concurrency, results, time.perf_counter() - t0)
+    # Clients dealt round-robin to processes of their own (one Python process parsing hundreds of streams is
+    # the limit before a GPU server is: 2026-11-27, H200). Each starts at one wall-clock moment, after its
+    # imports; the level's time runs from that moment to the last process's last token.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    start_at = time.time() + STARTUP_S
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        jobs = [pool.submit(_client_process, url, headers, bodies[i::processes], args.timeout, start_at)
+                for i in range(processes)]
+        done = await trio.to_thread.run_sync(lambda: [job.result() for job in jobs])
+    if start_at < min(t for _, t, _ in done):
+        raise RuntimeError(f"a client process started late: raise STARTUP_S ({STARTUP_S} s)")
+    results = [r for rs, _, _ in done for r in rs]
+    bar.update(len(results))
+    return _level_summary(concurrency, results, max(end for _, _, end in done) - start_at)
+
+
+STARTUP_S = 5.0  # the client processes' start (spawned, importing httpx and trio) before a level's clock
+
+
+async def run_clients(url: str, headers: dict, bodies: list[list[dict]], timeout: float, done=lambda n: None):
+    """One client per list of bodies, all at once, each sending its requests one after the other."""
+    import httpx
+    import trio
+
     results: list[dict] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
 
     async def client_task(client, mine):
         for body in mine:
             results.append(await stream_one(client, url, body))
-            bar.update(1)
+            done(1)
 
-    t0 = time.perf_counter()
-    async with httpx.AsyncClient(headers=headers, timeout=args.timeout, limits=limits) as client:
-        with trio.fail_after(args.timeout):
+    async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as client:
+        with trio.fail_after(timeout):
             async with trio.open_nursery() as nursery:
                 for mine in bodies:
                     nursery.start_soon(client_task, client, mine)
-    wall_s = time.perf_counter() - t0
-    return _level_summary(concurrency, results, wall_s)
+    return results
+
+
+def _client_process(url: str, headers: dict, bodies: list[list[dict]], timeout: float, start_at: float):
+    """A client process's share of a level: waits for start_at, runs its clients; returns their
+    results and when it started and ended (wall clock)."""
+    import httpx  # noqa: F401  (imported before the clock starts)
+    import trio
+
+    started = time.time()
+    time.sleep(max(0.0, start_at - started))
+    results = trio.run(run_clients, url, headers, bodies, timeout)
+    return results, started, time.time()
 
 
 def _body(args, model: str, rng: random.Random, vocab_size: int) -> dict:
@@ -176,10 +219,13 @@ def run(args) -> dict:
     import trio
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if args.client_processes < 1:
+        raise SystemExit(f"--client-processes must be at least 1, not {args.client_processes}")
     result = trio.run(bench, args, levels)
     return {
         "benchmark": NAME,
         "config": {"concurrency": levels, "requests_per_client": args.requests_per_client,
+                   "client_processes": args.client_processes,
                    "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                    "model": args.model or (None if args.url else DEFAULT_MODEL), "seed": args.seed,
                    "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs,
@@ -190,7 +236,9 @@ def run(args) -> dict:
 
 def summary(result: dict) -> str:
     c = result["config"]
-    lines = [f"{result['model']} ({result['url']}), prompt {c['prompt_tokens']} tokens, output {c['max_tokens']} tokens:",
+    spread = f", clients in {c['client_processes']} processes" if c.get("client_processes", 1) > 1 else ""
+    lines = [f"{result['model']} ({result['url']}), prompt {c['prompt_tokens']} tokens, output {c['max_tokens']} tokens"
+             f"{spread}:",
              "  clients  requests  out tok/s  TTFT p50 / p99 ms   ITL p50 / p99 ms"]
     for lv in result["levels"]:
         lines.append(f"  {lv['concurrency']:7d}  {lv['requests']:8d}  {lv['output_tokens_per_s']:9.1f}  "
