@@ -11,6 +11,9 @@
 #   bash bench-results/gpu-run.sh 8   the kernel sweeps alone
 #   bash bench-results/gpu-run.sh 10  rill serve with and without CUDA graphs, each in its own process
 #   bash bench-results/gpu-run.sh 9   speech admission groups 1 and 4 on CUDA; the new prefill tiles checked and timed
+#   bash bench-results/gpu-run.sh 11  the eager server's closed connections: before and after the compile fix (the
+#                                     kernels compiled while serving listed); py-spy on the graphs server at 256
+#   bash bench-results/gpu-run.sh 12  256 clients from 1, 2 and 4 client processes (graphs), and eager from 4
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
 # wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into
@@ -160,6 +163,82 @@ elif [ "$PHASE" = 10 ]; then
         kill "$SERVER"; wait "$SERVER"; echo "$mode server exit status $?" >>"$R/table.txt"
         echo "$mode" >>"$R/table.txt"; tail -n 4 "$R/serve-$mode.log" >>"$R/table.txt"
         grep -v "status=200" "$R/server-$mode.log" | tail -n 20 >>"$R/table.txt"
+    done
+elif [ "$PHASE" = 11 ]; then
+    # Why the eager server of phase 10 closed connections (H100, 2026-11-26), and the 256-client ceiling.
+    # Each server starts with a cold Triton cache of its own; the kernel variants compiled after its start
+    # (after its warm-up) are listed. old-eager: the kernels and warm-up before the fix (.gpu-carry/old, from
+    # 6971b13; carry .gpu-carry), eager with the 5 s keep-alive of that run; eager: the same with the fix;
+    # graphs: py-spy samples the server through both levels, then 256 clients come from two processes of 128.
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))"
+    MODEL=$(tail -n 1 "$R/model.log")
+    cp -r /tmp/site /tmp/site-old && cp .gpu-carry/old/triton_attn.py /tmp/site-old/rill/kernels/ \
+        && cp .gpu-carry/old/model_runner.py /tmp/site-old/rill/engine/
+    : >"$R/table.txt"
+    for mode in old-eager eager graphs; do
+        flag="--keep-alive-timeout-s 5"; site=/tmp/site
+        [ $mode = graphs ] && flag=--cuda-graphs
+        [ $mode = old-eager ] && site=/tmp/site-old
+        export TRITON_CACHE_DIR=/tmp/triton-$mode
+        PYTHONPATH=$site python3 -m rill serve --model "$MODEL" --device cuda --dtype bfloat16 $flag --host 127.0.0.1 \
+            --port 8765 --log-level info >"$R/server-$mode.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/v1/models >/dev/null && break; sleep 1; done
+        touch /tmp/marker-$mode
+        if [ $mode = graphs ]; then
+            /tmp/site/bin/py-spy record --pid "$SERVER" --duration 40 --rate 100 --nonblocking --idle --threads \
+                --format raw -o "$R/pyspy-graphs.txt" >"$R/pyspy.log" 2>&1 &
+            SPY=$!
+        fi
+        step serve-$mode 45 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 64,256 \
+            --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --json "$R/serve-$mode.json"
+        if [ $mode = graphs ]; then
+            kill -INT "$SPY" 2>/dev/null; wait "$SPY"
+            for i in 1 2; do
+                step serve-2x128-$i 45 python3 -m rill bench serve --url http://127.0.0.1:8765 --concurrency 128 \
+                    --requests-per-client 2 --prompt-tokens 128 --max-tokens 64 --no-progress --seed $i \
+                    --json "$R/serve-2x128-$i.json" &
+                CLIENTS[$i]=$!
+            done
+            wait "${CLIENTS[@]}"  # not a bare wait: the server is a job of this shell too (it cost 5 minutes)
+        fi
+        kill -0 "$SERVER" 2>/dev/null || echo "the $mode server had exited before the kill" >>"$R/table.txt"
+        kill "$SERVER"; wait "$SERVER"; echo "$mode server exit status $?" >>"$R/table.txt"
+        echo "$mode" >>"$R/table.txt"; tail -n 3 "$R/serve-$mode.log" >>"$R/table.txt"
+        echo "kernel variants compiled at start: $(find /tmp/triton-$mode -name '*.json' ! -name '__grp__*' \
+            ! -newer /tmp/marker-$mode | wc -l); after: $(find /tmp/triton-$mode -name '*.json' ! -name '__grp__*' \
+            -newer /tmp/marker-$mode -printf '%f ')" >>"$R/table.txt"
+        grep -E "warm-up|captured" "$R/server-$mode.log" >>"$R/table.txt"
+        grep -v "status=200" "$R/server-$mode.log" | grep -vE "warm-up|captured" | tail -n 8 >>"$R/table.txt"
+    done
+    for i in 1 2; do tail -n 2 "$R/serve-2x128-$i.log" >>"$R/table.txt"; done
+elif [ "$PHASE" = 12 ]; then
+    # 256 clients from 1, 2 and 4 client processes (rill bench serve --client-processes) against the graphs
+    # server, after a warm-up level; then 64 and 256 clients from 4 processes against the eager server
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('random-qwen2-0.5b'))"
+    MODEL=$(tail -n 1 "$R/model.log")
+    : >"$R/table.txt"
+    BENCH=(python3 -m rill bench serve --url http://127.0.0.1:8765 --requests-per-client 2 --prompt-tokens 128
+           --max-tokens 64 --no-progress)
+    for mode in graphs eager; do
+        flag=$([ $mode = graphs ] && echo --cuda-graphs)
+        python3 -m rill serve --model "$MODEL" --device cuda --dtype bfloat16 $flag --host 127.0.0.1 --port 8765 \
+            >"$R/server-$mode.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 120); do curl -sf http://127.0.0.1:8765/v1/models >/dev/null && break; sleep 1; done
+        if [ $mode = graphs ]; then
+            step warm 20 "${BENCH[@]}" --concurrency 16
+            for n in 1 2 4; do
+                step serve-graphs-p$n 35 "${BENCH[@]}" --concurrency 256 --client-processes $n \
+                    --json "$R/serve-graphs-p$n.json"
+            done
+        else
+            step serve-eager-p4 40 "${BENCH[@]}" --concurrency 64,256 --client-processes 4 --json "$R/serve-eager-p4.json"
+        fi
+        kill "$SERVER"; wait "$SERVER"; echo "$mode server exit status $?" >>"$R/table.txt"
+    done
+    for f in serve-graphs-p1 serve-graphs-p2 serve-graphs-p4 serve-eager-p4; do
+        echo "$f" >>"$R/table.txt"; grep -E "^ +[0-9]+ +[0-9]+ " "$R/$f.log" >>"$R/table.txt"
     done
 elif [ "$PHASE" = 8 ]; then
     # the kernel sweeps alone (split heuristic, decode tiles, the 24 prefill tile configurations)
