@@ -71,8 +71,9 @@ class ModelRunner:
     def warm_up(self) -> float:
         """Run the decoder once over dummy prefills and decodes, so that the attention kernels are
         compiled at start rather than on the first requests (Triton compiles per variant on first
-        launch: 3.8 s of an H200's first requests' time to first token). One sequence and two, since
-        Triton specializes an argument equal to 1. Writes KV only into blocks that no request holds
+        launch: 3.8 s of an H200's first requests' time to first token). One sequence and two (the
+        kernels no longer specialize a count of 1, kernels/triton_attn.py DYNAMIC_INTS; the second
+        costs little). Writes KV only into blocks that no request holds
         yet (at start every block is free). The second decode step reads block tables padded (with
         their first block) as wide as a long context's, so that the decode kernel splits the keys and
         its split-K variant and the merge are compiled too. Returns the seconds spent."""
