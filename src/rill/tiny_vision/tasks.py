@@ -23,6 +23,8 @@ MIN_IMAGE_PIXELS = 2048  # and at least this many (a 48 x 64 picture is kept as 
 FRAME_SIZE = 32  # clip frames, drawn at this size (the video processor keeps them as they are)
 FACTOR = 16  # patch_size 8 x merge_size 2: picture sides are multiples of it
 PARAPHRASE_SHARE = 0.3
+COUNT_MIXED_SHARE = 0.4  # count pictures whose squares are of several colours
+COUNT_SAME_COLOUR_DISTRACTORS = 0.5  # a count picture's other shapes in the squares' colour
 
 QUESTIONS = {
     "colour": ("What colour is the circle?", "What color is the circle?", "Which colour is the circle?"),
@@ -120,14 +122,24 @@ def _colour(rng: random.Random) -> Example:
 
 
 def _count(rng: random.Random) -> Example:
+    """n squares of one colour (the key: n and the colour), or on a share of pictures of several colours
+    (the key: n and the set of colours, "blue+red"); the other shapes take the squares' colour on a share. Held out, a count meets
+    a colour it was never drawn in: one colour per picture let the model count per colour (87% on training
+    pictures, 30% held out at 13,000 steps); mixed squares and same-coloured distractors make it count
+    squares, whatever their colour."""
     while True:
-        n, colour = rng.randint(1, 5), _other_colour(rng)
-        distractors = [(rng.choice(("circle", "triangle", "star", "hexagon", "cross")), _other_colour(rng))
+        n = rng.randint(1, 5)
+        mixed = n > 1 and rng.random() < COUNT_MIXED_SHARE
+        colours = [_other_colour(rng) for _ in range(n)] if mixed else [_other_colour(rng)] * n
+        if mixed and len(set(colours)) == 1:
+            continue
+        distractors = [(rng.choice(("circle", "triangle", "star", "hexagon", "cross")),
+                        colours[0] if rng.random() < COUNT_SAME_COLOUR_DISTRACTORS else _other_colour(rng))
                        for _ in range(rng.randint(0, 2))]
-        specs = [("square", colour)] * n + distractors
-        drawn = _shapes_picture(rng, specs, radius_range=(0.08, 0.12))
+        drawn = _shapes_picture(rng, [("square", c) for c in colours] + distractors, radius_range=(0.08, 0.12))
         if drawn:
-            return _picture("count", str(n), f"count|{n}|{colour}", drawn[0], drawn[1], rng)
+            key = f"count|{n}|{'+'.join(sorted(set(colours)))}"
+            return _picture("count", str(n), key, drawn[0], drawn[1], rng)
 
 
 def _number(rng: random.Random) -> Example:
