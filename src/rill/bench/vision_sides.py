@@ -184,6 +184,12 @@ class TransformersVL:
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
         self.merge = self.model.config.vision_config.spatial_merge_size
+        # The end tokens rill stops at (the config's and the tokenizer's), which min_new_tokens must hold back
+        # here too: a directory whose generation config names none (a random test model) would otherwise let
+        # transformers emit <|im_end|> where rill, held by min_tokens, takes the next best token.
+        eos = self.model.generation_config.eos_token_id
+        ends = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        self.eos_token_ids = sorted(ends) or None
 
     def generate(self, pictures: list[Picture], max_tokens: int) -> list[str]:
         """One static batch, left-padded, greedy, exactly max_tokens new tokens per row."""
@@ -203,7 +209,8 @@ class TransformersVL:
             out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), mm_token_type_ids=types.to(dev),
                                       pixel_values=processed["pixel_values"].to(dev, self.model.dtype),
                                       image_grid_thw=processed["image_grid_thw"].to(dev),
-                                      max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+                                      max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                                      eos_token_id=self.eos_token_ids)
         return [self.tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
 
     def _ids(self, question: str, grid: list[int]) -> list[int]:
