@@ -123,10 +123,10 @@ def _colour(rng: random.Random) -> Example:
 
 def _count(rng: random.Random) -> Example:
     """n squares of one colour (the key: n and the colour), or on a share of pictures of several colours
-    (the key: n and the set of colours, "blue+red"); the other shapes take the squares' colour on a share. Held out, a count meets
-    a colour it was never drawn in: one colour per picture let the model count per colour (87% on training
-    pictures, 30% held out at 13,000 steps); mixed squares and same-coloured distractors make it count
-    squares, whatever their colour."""
+    (the key: n and the set of colours, "blue+red"); the other shapes take the squares' colour on a share.
+    Held out, a count meets a colour it was never drawn in: one colour per picture let the model count per
+    colour (87% on training pictures, 30% held out at 13,000 steps); mixed squares and same-coloured
+    distractors make it count squares, whatever their colour."""
     while True:
         n = rng.randint(1, 5)
         mixed = n > 1 and rng.random() < COUNT_MIXED_SHARE
