@@ -22,6 +22,7 @@ from rill.bench.common import add_common_args, percentile, progress, random_toke
 NAME = "serve"
 DEFAULT_MODEL = "random-small"  # with no --base-url
 DEFAULT_VOCAB = 256  # prompt ids are drawn below this: ids every byte-level vocabulary has
+STARTUP_S = 5.0  # --client-processes: the processes' start (spawned, importing httpx and trio) before a level's clock
 
 
 def add_arguments(p) -> None:
@@ -109,9 +110,6 @@ async def run_level(url: str, headers: dict, model: str, concurrency: int, args,
     results = [r for rs, _, _ in done for r in rs]
     bar.update(len(results))
     return _level_summary(concurrency, results, max(end for _, _, end in done) - start_at)
-
-
-STARTUP_S = 5.0  # the client processes' start (spawned, importing httpx and trio) before a level's clock
 
 
 async def run_clients(url: str, headers: dict, bodies: list[list[dict]], timeout: float, done=lambda n: None):

@@ -126,8 +126,8 @@ def run(args) -> dict:
     if note:
         print(f"note: {note}", flush=True)
     rounds = picture_sets(args.seed, args.n, args.rounds)
-    hf = vision_sides.TransformersVL(model_dir, args.device, args.dtype)
     engine = vision_sides.RillEngine(model_dir, args.max_tokens, args.concurrency, args.seed, args.device, args.dtype)
+    hf = vision_sides.TransformersVL(model_dir, args.device, args.dtype, eos_token_ids=engine.core.eos_token_ids)
     runs: dict[str, list] = {name: [] for name in ("encoder", *SIDES)}
     for i, sets in enumerate(rounds):
         if args.rounds > 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import itertools
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from rill.bench.common import progress
@@ -172,7 +173,11 @@ async def _clients(post, pictures: list[Picture], clients: int, bar) -> dict:
 class TransformersVL:
     """A Qwen2-VL-family model in transformers, with its tokenizer and image processor."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32") -> None:
+    def __init__(self, model_dir: Path, device: str = "cpu", dtype: str = "float32",
+                 eos_token_ids: Collection[int] | None = None) -> None:
+        """eos_token_ids: the end tokens rill stops at (EngineCore.eos_token_ids), which min_new_tokens must
+        hold back here too; a random directory's generation config names none, and transformers would then
+        emit <|im_end|> where rill, held by min_tokens, takes the next best token."""
         import torch
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -184,12 +189,7 @@ class TransformersVL:
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
         self.merge = self.model.config.vision_config.spatial_merge_size
-        # The end tokens rill stops at (the config's and the tokenizer's), which min_new_tokens must hold back
-        # here too: a directory whose generation config names none (a random test model) would otherwise let
-        # transformers emit <|im_end|> where rill, held by min_tokens, takes the next best token.
-        eos = self.model.generation_config.eos_token_id
-        ends = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-        self.eos_token_ids = sorted(ends) or None
+        self.eos_token_ids = sorted(eos_token_ids) if eos_token_ids else None
 
     def generate(self, pictures: list[Picture], max_tokens: int) -> list[str]:
         """One static batch, left-padded, greedy, exactly max_tokens new tokens per row."""
