@@ -78,6 +78,38 @@ def test_counting_pictures_mix_colours_on_a_share():
         assert int(e.answer) >= len(codes)
 
 
+def test_family_weights_draw_the_named_families_more_often_and_none_keeps_the_earlier_stream():
+    for i in range(20):  # without weights: the stream every earlier phase drew
+        rng = random.Random(f"rill-tiny-vision/0/train/{i}")
+        assert dataset.train_example(0, i)[0].key == tasks.make(rng, rng.choice(tasks.FAMILIES), splits.TRAIN).key
+    weights = dataset.parse_family_weights("count=6, flashes=0,last_digit=0,clip_colour=0")
+    assert weights == {"count": 6.0, "flashes": 0.0, "last_digit": 0.0, "clip_colour": 0.0}
+    drawn = [dataset.train_example(0, i, weights)[0].family for i in range(120)]
+    assert set(drawn) <= set(tasks.IMAGE_FAMILIES) and drawn.count("count") > 60  # 6/9 of them, on average
+
+
+@pytest.mark.parametrize("text", ["counting=2", "count", "count=-1", "count=x",
+                                  "colour=0,count=0,number=0,left_of=0,flashes=0,last_digit=0,clip_colour=0"])
+def test_family_weights_refuse_what_they_cannot_draw(text):
+    with pytest.raises(ValueError):
+        dataset.parse_family_weights(text)
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--out", "x", "--family-weights", text])
+
+
+def test_a_later_phase_draws_the_stream_from_its_first_example_on(tokenizer):
+    stream = dataset.Stream(0, 3, tokenizer, shapes.Shape(), workers=1, first=9)
+    try:
+        drawn = stream.next()
+    finally:
+        stream.close()
+    expected = []
+    for index in range(9, 12):
+        example, text_first = dataset.train_example(0, index)
+        expected.append(dataset.encode(example, tokenizer, shapes.Shape(), text_first).ids)
+    assert [e.ids for e in drawn] == expected
+
+
 @pytest.mark.parametrize("runs", [1, 2, 3, 4])
 def test_flash_sequences_have_exactly_the_counted_runs(runs):
     rng = random.Random(runs)

@@ -92,41 +92,65 @@ def encode(example: tasks.Example, tokenizer: Tokenizer, shape: shapes.Shape, te
     return Encoded(example.family, prompt + answer, len(prompt), pixels, grid, example.frames is not None, targets)
 
 
-def train_example(seed: int, index: int) -> tuple[tasks.Example, bool]:
+def train_example(seed: int, index: int, weights: dict[str, float] | None = None) -> tuple[tasks.Example, bool]:
+    """Example `index` of the seed's stream; `weights` (family: relative weight, 1 where not named) draws
+    some families more often than others (None: all alike, the stream of every earlier phase)."""
     rng = random.Random(f"rill-tiny-vision/{seed}/train/{index}")
-    return tasks.make(rng, rng.choice(tasks.FAMILIES), TRAIN), rng.random() < TEXT_FIRST_SHARE
+    if weights is None:
+        family = rng.choice(tasks.FAMILIES)
+    else:
+        family = rng.choices(tasks.FAMILIES, [weights.get(f, 1.0) for f in tasks.FAMILIES])[0]
+    return tasks.make(rng, family, TRAIN), rng.random() < TEXT_FIRST_SHARE
+
+
+def parse_family_weights(text: str) -> dict[str, float]:
+    """"count=3,number=2" -> {"count": 3.0, "number": 2.0}; an unknown family or a weight < 0 is an error."""
+    weights = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        family, sep, value = item.partition("=")
+        if not sep or family not in tasks.FAMILIES:
+            raise ValueError(f"{item!r}: expected FAMILY=WEIGHT with FAMILY one of {', '.join(tasks.FAMILIES)}")
+        weights[family] = float(value)
+        if not weights[family] >= 0:
+            raise ValueError(f"{item!r}: a weight is a number >= 0")
+    if weights and not any(weights.get(f, 1.0) > 0 for f in tasks.FAMILIES):
+        raise ValueError("every family's weight is 0")
+    return weights
 
 
 _WORKER: dict = {}
 
 
-def _init(tokenizer_json: str, shape: shapes.Shape, seed: int) -> None:
+def _init(tokenizer_json: str, shape: shapes.Shape, seed: int, weights: dict[str, float] | None) -> None:
     torch.set_num_threads(1)
-    _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), shape=shape, seed=seed)
+    _WORKER.update(tokenizer=Tokenizer.from_str(tokenizer_json), shape=shape, seed=seed, weights=weights)
 
 
 def _encode_range(start: int, stop: int) -> list[Encoded]:
     out = []
     for index in range(start, stop):
-        example, text_first = train_example(_WORKER["seed"], index)
+        example, text_first = train_example(_WORKER["seed"], index, _WORKER["weights"])
         out.append(encode(example, _WORKER["tokenizer"], _WORKER["shape"], text_first))
     return out
 
 
 class Stream:
-    """Batch after batch of training examples, drawn by `workers` processes STEPS_AHEAD steps ahead."""
+    """Batch after batch of training examples, drawn by `workers` processes STEPS_AHEAD steps ahead,
+    from example `first` of the stream on (a later phase starts past the examples its earlier ones saw)."""
 
-    def __init__(self, seed: int, batch_size: int, tokenizer: Tokenizer, shape: shapes.Shape, workers: int):
+    def __init__(self, seed: int, batch_size: int, tokenizer: Tokenizer, shape: shapes.Shape, workers: int,
+                 first: int = 0, weights: dict[str, float] | None = None):
         self.batch_size = batch_size
+        self.first = first
         self.pool = workers_context().Pool(
-            max(1, workers), initializer=_init, initargs=(tokenizer.to_str(), shape, seed))
+            max(1, workers), initializer=_init, initargs=(tokenizer.to_str(), shape, seed, weights or None))
         self.pending: collections.deque = collections.deque()
         self.next_step = 0
 
     def _submit(self) -> None:
         # a batch in pieces, one per worker, so several workers share one step
         size = self.batch_size
-        start = self.next_step * size
+        start = self.first + self.next_step * size
         pieces = [(start + k, min(start + size, start + k + 8)) for k in range(0, size, 8)]
         self.pending.append([self.pool.apply_async(_encode_range, piece) for piece in pieces])
         self.next_step += 1

@@ -49,6 +49,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="also write the model every N steps (0: only at the end)")
     p.add_argument("--init-from", type=Path, default=None, help="start from this model directory's weights (an "
                    "earlier run or checkpoint of the same seed and shape) instead of random ones: a second phase")
+    p.add_argument("--first-example", type=int, default=0,
+                   help="draw the stream's examples from this index on: a later phase passes the examples its "
+                        "earlier phases drew (their steps x batch size, summed) to see fresh ones")
+    p.add_argument("--family-weights", type=_family_weights, default=None, metavar="FAMILY=W,...",
+                   help="draw these families W times as often as an unnamed one (weight 1), e.g. "
+                        "count=3,number=2: a later phase spends its steps where the held-out answers still miss")
     p.add_argument("--probe-weight", type=float, default=1.0,
                    help="weight of the patch probe's loss: training-only heads that name each picture patch's glyph "
                         "(shape or digit) and colour from the vision tower's features, so the tower learns to see "
@@ -78,6 +84,13 @@ def tokenizer_texts(seed: int, n: int = TOKENIZER_SAMPLE) -> list[str]:
     # first answer token ambiguous and hide most of an answer's loss in its predictable tail.
     texts += [str(n) for n in range(1000)] + list(tasks.ANSWER_WORDS) * ANSWER_WORD_WEIGHT
     return texts
+
+
+def _family_weights(text: str) -> dict[str, float]:
+    try:
+        return dataset.parse_family_weights(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def lr_at(step: int, args: argparse.Namespace) -> float:
@@ -180,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         load_phase(model, tokenizer, args.init_from)
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params / 1e6:.2f}M parameters, {shape} on {args.device}; vocab {tokenizer.get_vocab_size()}")
-    stream = dataset.Stream(args.seed, args.batch_size, tokenizer, shape, args.workers)
+    if args.first_example < 0:
+        raise SystemExit("--first-example is an index into the stream, >= 0")
+    stream = dataset.Stream(args.seed, args.batch_size, tokenizer, shape, args.workers,
+                            args.first_example, args.family_weights)
 
     def checkpoint(step: int) -> None:
         save(model, tokenizer, shape, ids, args.out / f"checkpoint-{step}")
@@ -223,6 +239,7 @@ def run_record(args, shape: shapes.Shape, num_params: int, losses: list[float], 
         "seed": args.seed, "init_from": str(args.init_from) if args.init_from else None,
         "precision": args.precision, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "warmup": args.warmup, "probe_weight": args.probe_weight,
+        "first_example": args.first_example, "family_weights": args.family_weights,
         "examples_seen": args.steps * args.batch_size, "shape": vars(shape),
         "num_params": num_params, "device": device_name, "workers": args.workers,
         "train_s": round(train_s, 1), "ms_per_step": round(train_s / args.steps * 1000, 1),
