@@ -23,6 +23,7 @@ points += [(21500 + n, f"p6-{n}-eval.json") for n in (1000, 2000, 2500)]
 # and 100 a family held out
 points += [(24000 + n, f"p7-{n}-eval.json") for n in range(1000, 8001, 1000)]
 points += [(32000 + n, f"p8-{n}-eval.json") for n in range(500, 3501, 500)]
+points += [(35500 + n, f"p9-{n}-eval.json") for n in range(500, 1501, 500)]
 EARLIER = {"colour": 72.5, "count": 20, "number": 0, "left_of": 0, "flashes": 100, "last_digit": 70, "clip_colour": 100}
 rows = {}
 for steps, name in points:
