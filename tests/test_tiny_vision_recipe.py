@@ -88,7 +88,7 @@ def test_family_weights_draw_the_named_families_more_often_and_none_keeps_the_ea
     assert set(drawn) <= set(tasks.IMAGE_FAMILIES) and drawn.count("count") > 60  # 6/9 of them, on average
 
 
-@pytest.mark.parametrize("text", ["counting=2", "count", "count=-1", "count=x",
+@pytest.mark.parametrize("text", ["counting=2", "count", "count=-1", "count=x", "count=nan", "count=inf",
                                   "colour=0,count=0,number=0,left_of=0,flashes=0,last_digit=0,clip_colour=0"])
 def test_family_weights_refuse_what_they_cannot_draw(text):
     with pytest.raises(ValueError):
@@ -286,7 +286,8 @@ def test_the_patch_probe_trains_beside_the_model_and_is_not_saved(smoke_dir, tmp
     assert recipe.main(args) == 0
     assert json.loads((tmp_path / "plain" / "training_run.json").read_text())["probe_losses_every_10_steps"] == []
     with_probe = load_file(smoke_dir / "model.safetensors")
-    assert with_probe.keys() == load_file(tmp_path / "plain" / "model.safetensors").keys()  # the heads are training-only
+    # the heads are training-only
+    assert with_probe.keys() == load_file(tmp_path / "plain" / "model.safetensors").keys()
 
 
 def test_a_second_phase_starts_from_the_earlier_runs_weights(smoke_dir, tmp_path):

@@ -104,15 +104,16 @@ def train_example(seed: int, index: int, weights: dict[str, float] | None = None
 
 
 def parse_family_weights(text: str) -> dict[str, float]:
-    """"count=3,number=2" -> {"count": 3.0, "number": 2.0}; an unknown family or a weight < 0 is an error."""
+    """"count=3,number=2" -> {"count": 3.0, "number": 2.0}; an unknown family, a weight < 0 or
+    not finite, or every family at 0 is an error."""
     weights = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         family, sep, value = item.partition("=")
         if not sep or family not in tasks.FAMILIES:
             raise ValueError(f"{item!r}: expected FAMILY=WEIGHT with FAMILY one of {', '.join(tasks.FAMILIES)}")
         weights[family] = float(value)
-        if not weights[family] >= 0:
-            raise ValueError(f"{item!r}: a weight is a number >= 0")
+        if not 0 <= weights[family] < float("inf"):
+            raise ValueError(f"{item!r}: a weight is a finite number >= 0")
     if weights and not any(weights.get(f, 1.0) > 0 for f in tasks.FAMILIES):
         raise ValueError("every family's weight is 0")
     return weights
