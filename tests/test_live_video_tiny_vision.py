@@ -17,8 +17,9 @@ from rill.live_video.config import LiveVideoConfig
 from rill.tiny_vision import tasks
 from rill.transports.http import ServerConfig
 from rill.transports.realtime.driver import RealtimeConfig
-from test_live_video_mode_b import SESSIONS, result
+from test_live_video_mode_b import create, result, send
 from test_realtime_server import connect, hub, text_of
+from test_realtime_video import put_question, stream
 
 MODEL = tiny_vision_dir()
 pytestmark = pytest.mark.skipif(not (MODEL / "model.safetensors").is_file(), reason="rill-tiny-vision not shipped")
@@ -42,10 +43,8 @@ async def test_streamed_clips_are_answered_over_the_realtime_listeners(listener)
             frames = list(example.frames)
             async with connect(server, listener) as client:
                 await client.update(temperature=0, max_response_output_tokens=ANSWER["max_tokens"])
-                for i, frame in enumerate(frames):
-                    await client.send("input_video_frame.append", image=png_b64(frame), timestamp_ms=500 * i)
-                await client.send("conversation.item.create", item={
-                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTIONS[family]}]})
+                await stream(client, frames)
+                await put_question(client, QUESTIONS[family])
                 events = await client.respond()
             assert not [e for e in events if e["type"] == "error"]
             answer = text_of(events).strip()
@@ -58,15 +57,11 @@ async def test_streamed_clips_are_answered_over_the_realtime_listeners(listener)
 async def test_streamed_clips_are_answered_over_mode_b():
     async with running_server(MODEL, config()) as server, httpx.AsyncClient(base_url=server.url) as client:
         for family, example in clips():
-            response = await client.post(SESSIONS, json={"messages": [], **ANSWER})
-            assert response.status_code == 201, response.text
-            session_id = response.json()["session_id"]
+            session_id = await create(client, **ANSWER, ignore_eos=False)
             for i, frame in enumerate(example.frames):
-                response = await client.post(f"{SESSIONS}/{session_id}/chunks", json={
-                    "sequence_id": i, "payload": png_b64(frame), "modality": "image", "timestamp_ms": 500 * i})
+                response = await send(client, session_id, i, png_b64(frame), modality="image", timestamp_ms=500 * i)
                 assert response.status_code == 202, response.text
-            await client.post(f"{SESSIONS}/{session_id}/chunks", json={
-                "sequence_id": len(example.frames), "payload": QUESTIONS[family], "end_of_input": True})
+            await send(client, session_id, len(example.frames), QUESTIONS[family], end_of_input=True)
             answer = (await result(client, session_id))["choices"][0]["message"]["content"].strip()
             assert answer == example.answer, (family, example.key, answer)
         await assert_nothing_left(server)

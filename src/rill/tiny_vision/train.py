@@ -65,7 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bf16: float32 weights, bfloat16 autocast; auto: bf16 on CUDA and AVX-512 CPUs")
     for name, value in vars(shapes.Shape()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.first_example < 0:
+        p.error("--first-example is an index into the stream, >= 0")
+    return args
 
 
 def shape_of(args: argparse.Namespace) -> shapes.Shape:
@@ -193,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         load_phase(model, tokenizer, args.init_from)
     num_params = sum(p.numel() for p in model.parameters())
     print(f"model: {num_params / 1e6:.2f}M parameters, {shape} on {args.device}; vocab {tokenizer.get_vocab_size()}")
-    if args.first_example < 0:
-        raise SystemExit("--first-example is an index into the stream, >= 0")
     stream = dataset.Stream(args.seed, args.batch_size, tokenizer, shape, args.workers,
                             args.first_example, args.family_weights)
 
