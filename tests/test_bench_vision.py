@@ -1,5 +1,5 @@
 """`rill bench vision` at a tiny size: the default model (rill-tiny-vision, or its random-weight stand-in
-until it ships) and a random Qwen2.5-VL directory; every side answers the same pictures, rill's greedy
+in a build without it) and a random Qwen2.5-VL directory; every side answers the same pictures, rill's greedy
 answers equal transformers', and the JSON + PNG come out. No timing assertions: speed is what the
 benchmark reports."""
 

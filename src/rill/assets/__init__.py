@@ -1,4 +1,4 @@
-"""Data shipped inside the package: the embedded rill-tiny model (and rill-tiny-vision, once shipped)."""
+"""Data shipped inside the package: the embedded rill-tiny model and rill-tiny-vision."""
 
 import os
 from pathlib import Path

@@ -2,8 +2,8 @@
 against the same clip and question sent as one request; and the frame rate the server sustains.
 
 `rill serve` runs in this process on 127.0.0.1 with a vision model: --model, a local Qwen2-VL /
-Qwen2.5-VL directory, or rill-tiny-vision (the default; a random-weight stand-in of its shape until it
-ships, said in the output: answers are noise, speed is what counts). The clip is drawn here: a red light
+Qwen2.5-VL directory, or rill-tiny-vision (the default; in a build without it, a random-weight stand-in of
+its shape, said in the output: answers are noise, speed is what counts). The clip is drawn here: a red light
 that flashes and a digit, --seconds long at --fps, new noise each round so no cache serves a frame twice.
 
     live        frames sent as `input_video_frame.append` at the clip's pace (--speed > 1 sends faster),
@@ -40,7 +40,7 @@ EVENT_TIMEOUT_S = 300
 def add_arguments(p) -> None:
     add_common_args(p, NAME)
     p.add_argument("--model", default="rill-tiny-vision", help="rill-tiny-vision | a Qwen2-VL directory "
-                   "(default: %(default)s; a random-weight stand-in of its shape until it ships)")
+                   "(default: %(default)s; a random-weight stand-in of its shape where the build lacks it)")
     p.add_argument("--seconds", type=float, default=16.0, help="clip length (default %(default)s: 32 frames at 2 "
                    "fps, what the whole request's sampler keeps)")
     p.add_argument("--fps", type=float, default=2.0, help="frames a second in the clip (default %(default)s)")

@@ -1,8 +1,8 @@
 """`rill bench vision`: a vision-language model's encoder and one picture + question end to end,
 rill against transformers on the same model and the same inputs.
 
-The model: --model, a local Qwen2-VL / Qwen2.5-VL directory, or rill-tiny-vision (the default; until
-it ships, a random-weight Qwen2-VL of its shape, made once under --cache-dir: see
+The model: --model, a local Qwen2-VL / Qwen2.5-VL directory, or rill-tiny-vision (the default; in a
+build without it, a random-weight Qwen2-VL of its shape, made once under --cache-dir: see
 rill.bench.vision_set, and the output says so). Pictures: held-out pictures of the rill-tiny-vision
 recipe as PNG bytes with their questions, --n per mode, different pictures in each mode and for the
 warm-up, so neither rill's encoder cache nor its prefix cache serves a picture from an earlier one.
@@ -42,7 +42,7 @@ SKIPPED = {"status": "n/a", "reason": "skipped"}
 def add_arguments(p) -> None:
     add_common_args(p, NAME)
     p.add_argument("--model", default="rill-tiny-vision", help="rill-tiny-vision | a Qwen2-VL directory "
-                   "(default: %(default)s; a random-weight stand-in of its shape until it ships)")
+                   "(default: %(default)s; a random-weight stand-in of its shape where the build lacks it)")
     p.add_argument("--n", type=int, default=64, help="requests (pictures) per mode (default %(default)s)")
     p.add_argument("--concurrency", type=int, default=16, help="concurrent requests / batch size (default %(default)s)")
     p.add_argument("--max-tokens", type=int, default=8, help="answer tokens per request (default %(default)s)")

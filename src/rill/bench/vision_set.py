@@ -1,7 +1,7 @@
 """The model and the pictures of `rill bench vision`.
 
-The model: `rill-tiny-vision` (the directory shipped in the package, once it ships) or a local
-Qwen2-VL / Qwen2.5-VL directory. While rill-tiny-vision is not shipped, its name stands for a
+The model: `rill-tiny-vision` (the directory shipped in the package) or a local Qwen2-VL /
+Qwen2.5-VL directory. In a build without rill-tiny-vision, its name stands for a
 random-weight Qwen2VLForConditionalGeneration of its shape (rill.tiny_vision.model.Shape, its
 tokenizer and processor configs), made once into the cache directory; the benchmark says so.
 
@@ -23,7 +23,7 @@ from rill.tiny_vision import tasks
 
 TINY_VISION = "rill-tiny-vision"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "assets" / TINY_VISION
-RANDOM_NOTE = (f"{TINY_VISION} is not shipped yet: a random-weight Qwen2-VL of its shape "
+RANDOM_NOTE = (f"{TINY_VISION} is not in this build: a random-weight Qwen2-VL of its shape "
                "(rill.tiny_vision.model.Shape), so answers are noise; speed is what counts")
 _MODEL_FORMAT = 1  # bump when the way the random model is made changes; old cached directories are ignored
 INIT_RANGE = 0.2  # wider than the default 0.02: logits stay apart, so greedy choices are not float noise
