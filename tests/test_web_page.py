@@ -31,14 +31,14 @@ _MISSING, pytestmark = browser_requirements()
 if _MISSING is None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
 
 # -- the server and the browser -------------------------------------------------------------------------------
 
 
 def rill_serve(tmp_path: Path, *flags: str):
-    """`rill serve` (rill-tiny) on a free port: yields its URL (helpers_browser.rill_serve)."""
+    """`rill serve` (rill-tiny and rill-tiny-vision) on a free port: yields its URL (helpers_browser.rill_serve)."""
     return serve_subprocess(tmp_path, "--speech-model", "none", *flags, timeout_s=SERVE_TIMEOUT_S)
 
 
@@ -70,10 +70,14 @@ def console_errors(browser) -> list[dict]:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """The server's unlabelled samples, straight from /metrics (not through the page)."""
+    """The server's samples straight from /metrics (not through the page), summed over label sets as the page
+    sums them: with rill-tiny-vision served too, every series carries `model_name`."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {m[1]: float(m[2]) for m in re.finditer(r"(?m)^(rill_\w+) (\S+)$", text)}
+    out: dict[str, float] = {}
+    for m in re.finditer(r"(?m)^(rill_\w+)(?:\{[^}]*\})? (\S+)$", text):
+        out[m[1]] = out.get(m[1], 0.0) + float(m[2])
+    return out
 
 
 def wait_for_metric(url: str, condition, what: str, timeout_s: float = 20.0) -> dict[str, float]:
@@ -115,7 +119,10 @@ def screenshot_path(tmp_path: Path) -> Path:
 def test_page_loads_without_console_errors_and_labels_every_control(server, browser):
     open_page(browser, server)
     assert browser.title == "rill"
-    assert [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#model option")] == ["rill-tiny"]
+    # `rill serve` with no model serves what the package ships; the page picks the first
+    models = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#model option")]
+    assert models == ["rill-tiny", "rill-tiny-vision"]
+    assert Select(browser.find_element(By.ID, "model")).first_selected_option.text == "rill-tiny"
     wait(browser, lambda d: d.find_element(By.ID, "m-running").text == "0", "the metrics panel")
     unlabelled = browser.execute_script(
         "return [...document.querySelectorAll('input, select, textarea')].filter(e => !e.labels.length)"
