@@ -35,14 +35,13 @@ for steps, name in points:
     if path.exists():
         table = json.loads(path.read_text())["table"]
         rows[steps] = {family: round(100 * row["accuracy"], 1) for family, row in table.items()}
+shipped = json.loads((here / SHIPPED["file"]).read_text())["table"]
 fig, ax = plt.subplots(figsize=(9, 5))
 for k, family in enumerate(EARLIER):
     line, = ax.plot(list(rows), [r[family] for r in rows.values()], marker="o", label=family)
     ax.scatter([14400], [EARLIER[family]], marker="x", color=line.get_color())
-shipped = json.loads((here / SHIPPED["file"]).read_text())["table"]
-for k, family in enumerate(EARLIER):
     ax.scatter([SHIPPED["steps"]], [100 * shipped[family]["accuracy"]], marker="*", s=90,
-               color=f"C{k}", label="shipped, seed 0" if k == 0 else None)
+               color=line.get_color(), label="shipped, seed 0" if k == 0 else None)
 ax.axhline(95, color="gray", linestyle=":", label="the bar, 95%")
 ax.axvline(35500, color="gray", linewidth=0.8)
 ax.text(35600, 2, "phases 10-11:\nseed 1 draw", fontsize=7)

@@ -139,9 +139,8 @@ class VisionBlock(nn.Module):
 class PatchEmbed(nn.Module):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
-        self.shape = (cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.embed_dim, kernel_size=self.shape[1:], stride=self.shape[1:],
-                              bias=False)
+        kernel = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)  # a Conv3d, as checkpoints store it
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.embed_dim, kernel_size=kernel, stride=kernel, bias=False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """A kernel as large as its stride over one patch is a matmul: [N, patch values] x [values, embed_dim]
