@@ -79,6 +79,25 @@ def test_evaluation_names_only_held_out_values():
     assert {"stream", "banana", "hello", "world"} <= transcripts.held_out_names()
 
 
+def test_the_heard_vocabulary_names_only_training_values_in_rill_tiny_words_and_real_places():
+    heard = _utterances(transcripts.HEARD, 800)
+    assert not any(transcripts.is_held_out(u) for u in heard)
+    words = {u.key[1] for u in heard if u.key[0] == "word"} | {w for u in heard if u.key[0] == "words" for w in u.key[1:]}
+    assert words and words <= set(splits.train_words())
+    assert {u.key[1] for u in heard if u.family == "weather"} <= set(splits.cities(splits.TRAIN))
+    assert {u.key[1] for u in heard if u.family == "time"} <= set(splits.zones(splits.TRAIN))
+
+
+@needs_espeak
+def test_heard_clips_cycle_the_families_in_held_out_voices():
+    clips = dataset.make_shard(3, transcripts.HEARD, 0, MAX_SAMPLES, size=len(transcripts.FAMILIES))
+    assert clips.families == list(transcripts.FAMILIES)
+    for described in clips.voices:  # "en-gb+f3 s160 p40 a120 g0"
+        name, rate = described.split()[:2]
+        accent, _, variant = name.partition("+")
+        assert voices.is_eval_combination((accent, variant, int(rate[1:]) // voices.RATE_BAND_WPM)), described
+
+
 def test_training_and_evaluation_voices_are_disjoint_voice_rate_combinations():
     rng = random.Random(0)
     train = {voices.sample_voice(rng, splits.TRAIN).combination for _ in range(3000)}

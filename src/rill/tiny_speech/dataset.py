@@ -49,11 +49,11 @@ def make_shard(seed: int, split: str, index: int, max_samples: int, size: int = 
     rng = random.Random(f"rill-tiny-speech/{seed}/{split}/{index}")
     pieces, texts, families, voice_names = [], [], [], []
     while len(texts) < size:
-        family = transcripts.FAMILIES[len(texts) % len(transcripts.FAMILIES)] if split == splits.EVAL \
+        family = transcripts.FAMILIES[len(texts) % len(transcripts.FAMILIES)] if split != splits.TRAIN \
             else transcripts.sample_family(rng)
         utterance = transcripts.make_utterance(rng, family, split)
         for _ in range(MAX_VOICE_TRIES):
-            voice = voices.sample_voice(rng, split)
+            voice = voices.sample_voice(rng, splits.EVAL if split == transcripts.HEARD else split)
             audio = synth.synthesize(utterance.spoken, voice)
             if 0 < len(audio) <= max_samples:
                 pieces.append(synth.to_pcm16(audio))

@@ -21,6 +21,9 @@ from pathlib import Path
 
 from rill.tiny import splits, tasks
 
+# An evaluation split beside splits.EVAL: the same families in held-out voices, but with the number pairs,
+# rill-tiny's words, the real cities and the zones that training uses: what a user asking about them gets.
+HEARD = "heard"
 FAMILIES = ("add", "sub", "reverse", "uppercase", "count", "weather", "time", "about")
 # Share of each family among training utterances: the word and place families carry the spelling.
 TRAIN_WEIGHTS = {"add": 1.0, "sub": 1.0, "reverse": 1.5, "uppercase": 1.5, "count": 1.5, "weather": 1.5, "time": 1.5, "about": 0.3}
@@ -86,6 +89,8 @@ def sample_word(rng: random.Random, split: str) -> str:
     """A lower-case word for reverse / uppercase / count (spoken, so no random letter strings)."""
     if split == splits.EVAL:
         return splits.sample_word(rng, split)
+    if split == HEARD:
+        return rng.choice(_heard_words())
     lower, _ = dictionary_words()
     roll = rng.random()
     if roll < 0.3 or not lower:
@@ -98,6 +103,8 @@ def sample_word(rng: random.Random, split: str) -> str:
 def sample_place(rng: random.Random, split: str) -> str:
     """A city: rill-tiny's (held-out ones for eval), invented ones, or a name from the word list.
     Training never names a city whose zone is held out either ("Berlin" of Europe/Berlin)."""
+    if split == HEARD:
+        return rng.choice(_heard_places(splits.cities(splits.TRAIN)))
     _, names = dictionary_words()
     while True:
         if split == splits.TRAIN and names and rng.random() < 0.3:
@@ -108,6 +115,8 @@ def sample_place(rng: random.Random, split: str) -> str:
 
 
 def sample_zone(rng: random.Random, split: str) -> str:
+    if split == HEARD:
+        return rng.choice(_heard_places(splits.zones(splits.TRAIN)))
     _, names = dictionary_words()
     while True:
         if split == splits.TRAIN and names and rng.random() < 0.3:
@@ -117,6 +126,15 @@ def sample_zone(rng: random.Random, split: str) -> str:
             return zone
 
 
+@cache
+def _heard_words() -> tuple[str, ...]:
+    return tuple(w for w in splits.train_words() if _is_clean(w))
+
+
+def _heard_places(places: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p for p in places if _names_are_clean(p))
+
+
 def _names_are_clean(place: str) -> bool:
     return all(_is_clean(n) for n in re.split(r"[\s/_]", place) if n)
 
@@ -124,7 +142,7 @@ def _names_are_clean(place: str) -> bool:
 def make_utterance(rng: random.Random, family: str, split: str) -> Utterance:
     template = rng.choice(tasks.PHRASINGS.get(family, ("",)))
     if family in ("add", "sub"):
-        a, b = splits.sample_pair(rng, split, ordered=family == "sub")
+        a, b = splits.sample_pair(rng, splits.TRAIN if split == HEARD else split, ordered=family == "sub")
         return Utterance(family, template.format(a=a, b=b), (family, a, b))
     if family == "uppercase":
         words = [sample_word(rng, split) for _ in range(rng.choice((1, 1, 2, 2, 3)))]
