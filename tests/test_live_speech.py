@@ -120,6 +120,24 @@ def test_the_last_word_waits_while_speaking_unless_told_not_to():
     assert eager.insert(" one two") == [" one", " two"]
 
 
+def test_a_number_commits_when_three_passes_agree_and_a_word_after_it_is_agreed():
+    # rill-tiny-speech, 0.7 s into "Add five hundred fifty-eight and one", twice: "Add 5 and". The number waits.
+    policy = PrefixAgreement()
+    policy.insert(" Add 5 and")
+    assert policy.insert(" Add 5 and 8.") == [" Add"]
+    assert policy.insert(" 558 and") == []  # two passes before it said 5
+    assert policy.insert(" 558 and 1") == []  # two passes agree on 558, the third does not
+    assert policy.insert(" 558 and 1.") == [" 558", " and"]
+    # "twelve" is 12 until "hundred" makes it 1200: while the speaker talks, a number never ends the words committed
+    policy = PrefixAgreement(hold_last_word=False)
+    policy.insert(" What is 12")
+    assert policy.insert(" What is 12") == [" What", " is"]
+    assert policy.insert(" 12") == []  # three passes said 12, but nothing agreed after it yet
+    assert policy.insert(" 12 plus") == []
+    assert policy.insert(" 12 plus") == [" 12", " plus"]  # "plus" is agreed after it (two passes are enough)
+    assert policy.finish(" 30?") == [" 30?"]  # the segment's end commits everything
+
+
 def test_finish_commits_everything_the_final_pass_says():
     policy = PrefixAgreement()
     policy.insert(" a b c")
