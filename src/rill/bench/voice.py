@@ -12,8 +12,11 @@ Measured, over the held-out espeak-ng questions of `rill bench transcribe` (rill
   baseline: the whole recording to /v1/audio/transcriptions, then its text to
   /v1/chat/completions (stream), timed from the same moment.
 - concurrent streams: N clients at once, each speaking its questions back to back in a
-  transcription session; a stream keeps up when each turn's transcript is complete within
-  `--keep-up-ms` of the VAD's end of turn and its lag p95 stays under `--keep-up-ms` too.
+  transcription session; N streams keep up when their turns' transcripts are complete within
+  `--keep-up-ms` of the VAD's end of turn (p95) and half their words within `--keep-up-ms` of being
+  said (lag p50): a recogniser that falls behind real time lets both grow without bound. (Not the
+  lag's p95: the commit policy alone holds a few words longer, a number until three passes agree,
+  so it passes 1 s with a single stream.)
 
 Targets (DESIGN.md): lag p50 < 500 ms; first token <= 1/5 of the baseline (manual commit) and
 < silence + 150 ms (server VAD); 8 concurrent streams keep up. Reported here, never asserted.
@@ -108,8 +111,8 @@ async def speak(ws, audio: np.ndarray) -> float:
 
     start = trio.current_time()
     step = int(CHUNK_S * RATE)
-    for i, at in enumerate(range(0, len(audio), step)):
-        await trio.sleep_until(start + (i + 1) * CHUNK_S)
+    for at in range(0, len(audio), step):
+        await trio.sleep_until(start + min(at + step, len(audio)) / RATE)  # a piece goes once it has been said
         await ws.send_message(json.dumps({"type": "input_audio_buffer.append", "audio": b64(audio[at:at + step])}))
     return start
 
@@ -170,10 +173,11 @@ async def one_turn(url: str, clip: Clip, args, manual: bool) -> tuple[Turn, floa
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_turns, ws, [turn], "response.done")
-            audio = np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), clip.audio])
+            said = clip.audio[:int(round(sound_end_s(clip.audio) * RATE))] if manual else clip.audio
+            audio = np.concatenate([np.zeros(int(LEAD_S * RATE), np.float32), said])
             start = await speak(ws, audio)
             speech_end = start + LEAD_S + sound_end_s(clip.audio)
-            if manual:
+            if manual:  # push-to-talk: the button is let go as the last sound ends, and the client commits
                 await ws.send_message(json.dumps({"type": "input_audio_buffer.commit"}))
                 await ws.send_message(json.dumps({"type": "response.create"}))
             else:
@@ -245,7 +249,7 @@ async def concurrent_streams(url: str, clips: list[Clip], ends: list[list[float]
             nursery.start_soon(stream, i)
     keep_up_s = args.keep_up_ms / 1000
     out = {"streams": n, "lag_ms": _ms(lags), "final_after_vad_end_ms": _ms(finals)}
-    out["keeps_up"] = bool(lags and finals and percentile(lags, 95) < keep_up_s and percentile(finals, 95) < keep_up_s)
+    out["keeps_up"] = bool(lags and finals and percentile(lags, 50) < keep_up_s and percentile(finals, 95) < keep_up_s)
     return out
 
 
