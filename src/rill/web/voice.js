@@ -29,6 +29,7 @@ export class Voice {
     this.audio = null;  // {context, stream, node}
     this.pending = [];
     this.numPending = 0;
+    this.sentSamples = 0;  // audio sent on this connection: the clock of the server's audio_end_ms
     this.user = null;  // the user message being spoken: {message, node}
     this.answer = null;  // {view, resolve, reject}
     this.stoppedAt = null;
@@ -80,6 +81,7 @@ export class Voice {
   #open() {
     const socket = new WebSocket(realtimeURL(), realtimeProtocols());
     this.socket = socket;
+    this.sentSamples = 0;
     const queue = [];
     for (const event of setupEvents(this.hooks.context())) queue.push(event);
     socket.onopen = () => queue.forEach((event) => socket.send(JSON.stringify(event)));
@@ -102,6 +104,7 @@ export class Voice {
     this.pending = [];
     this.numPending = 0;
     this.socket.send(JSON.stringify({ type: "input_audio_buffer.append", audio: pcm16Base64(chunk) }));
+    this.sentSamples += chunk.length;
   }
 
   #receive(event) {
@@ -109,9 +112,13 @@ export class Voice {
       case "input_audio_buffer.speech_started":
         this.hooks.onStatus("Hearing you…");
         break;
-      case "input_audio_buffer.speech_stopped":
-        this.stoppedAt = performance.now();
+      case "input_audio_buffer.speech_stopped": {
+        // The event comes once the VAD's silence has passed; the speech ended audio_end_ms into the audio sent,
+        // so as much earlier than now as the audio sent since then lasts.
+        const sinceMs = this.sentSamples * 1000 / RATE_HZ - event.audio_end_ms;
+        this.stoppedAt = performance.now() - Math.max(0, sinceMs);
         break;
+      }
       case "conversation.item.input_audio_transcription.delta":
         this.#heard(event.delta);
         break;
