@@ -148,7 +148,8 @@ def plot(report: dict, path: Path) -> Path:
     """rill eval-tiny's bar chart, of exact transcripts (ImportError without matplotlib)."""
     from rill.tiny import evaluate as tiny_evaluate
 
-    return tiny_evaluate.plot(report, path, measure="held-out exact transcripts", unit="clips")
+    vocabulary = report.get("vocabulary", "held-out")
+    return tiny_evaluate.plot(report, path, measure=f"{vocabulary} exact transcripts", unit="clips")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
