@@ -7,8 +7,8 @@ Clips come from the held-out split: number pairs, words, cities and zones never 
 spoken by voice/rate combinations never heard in training, with the recipe's noise, filter, gain
 and offset drawn from the evaluation seed. `--vocabulary heard` keeps the held-out voices but asks
 about training's number pairs, rill-tiny's training words, real cities and zones: what a user who
-asks about those gets. A transcript counts when it equals the expected text
-after normalize(): lower case, punctuation marks dropped, symbols spaced alike.
+asks about those gets. A transcript counts when it equals the expected text after normalize():
+lower case, punctuation marks dropped, symbols spaced alike.
 """
 
 from __future__ import annotations
