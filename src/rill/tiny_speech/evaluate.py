@@ -134,8 +134,9 @@ def evaluate(backend, clips: dataset.Clips, seed: int) -> dict:
             "transcripts": transcripts_out}
 
 
-def format_table(report: dict, vocabulary: str = "held-out") -> str:
+def format_table(report: dict) -> str:
     """Exact transcripts (the bar), and exact or sounding the same to espeak-ng (what hearing decides)."""
+    vocabulary = report.get("vocabulary", "held-out")
     lines = [f"| family | {vocabulary} exact transcripts | correct / n | exact or same sound |", "|---|---|---|---|"]
     for family, entry in report["families"].items():
         if entry["n"]:
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     report = evaluate(backend, clips, args.seed)
     report.update(model=str(args.model), backend=args.backend, per_family=args.per_family, seed=args.seed,
                   vocabulary=args.vocabulary, held_out_homophones=homophones.held_out_homophones())
-    print(format_table(report, args.vocabulary))
+    print(format_table(report))
     floor = report["held_out_homophones"]
     if floor and args.vocabulary == "held-out":
         named = ", ".join(f"{w} ({'/'.join(s[:2])})" for w, s in sorted(floor.items()))

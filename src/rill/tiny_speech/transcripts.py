@@ -131,6 +131,7 @@ def _heard_words() -> tuple[str, ...]:
     return tuple(w for w in splits.train_words() if _is_clean(w))
 
 
+@cache
 def _heard_places(places: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in places if _names_are_clean(p))
 
