@@ -185,17 +185,21 @@ static void softmax(float *s, int64_t width, float scale, float softcap) {
  * a page, all KV heads side by side), and every head is served from a block while it sits in L1,
  * so each key and value row comes from memory once. scores: nh x width floats. */
 #define BLOCK 8
-/* Ask for the next block's rows while this one is computed, in address order: a block's heads read
- * its rows a KV head's slice at a time (row 0's first 256 bytes, row 1's, ...), an order the hardware
- * prefetchers follow poorly, and the pages of a sequence lie anywhere in the cache. 1.05-1.12x at 64
- * sequences of 256-512 tokens (one block ahead; two, four or eight blocks were no better). */
-#define PREFETCH_AHEAD BLOCK
+/* Ask for the rows two blocks ahead while this one is computed, in address order, into L2 only: a block's
+ * heads read its rows a KV head's slice at a time (row 0's first 256 bytes, row 1's, ...), an order the
+ * hardware prefetchers follow poorly, and the pages of a sequence lie anywhere in the cache. Measured at
+ * 64 sequences, one layer, two threads, alternating in one process: into L1 one block ahead (the first
+ * version) 1.05-1.12x over none; into L2 two blocks ahead 1.25-1.4x over that (64 x 320 tokens 2.55-2.85
+ * -> 1.82-2.15 ms, 64 x 1,024 9.9 -> 7.5-8.0 ms). Into L1 the prefetches hold the core's few
+ * miss buffers, which its own loads then wait for; L2 has more. Four, eight or sixteen blocks ahead were
+ * no better, and adding an L1 prefetch one block ahead lost the gain. */
+#define PREFETCH_AHEAD (2 * BLOCK)
 static inline void prefetch_rows(const float *cache, const int64_t *offs, int64_t from, int64_t width,
                                  int64_t row_bytes) {
     const int64_t to = from + BLOCK < width ? from + BLOCK : width;
     for (int64_t i = from; i < to; i++) {
         const char *row = (const char *)(cache + offs[i]);
-        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 1);
     }
 }
 static void attend_one(const Pages *pg, const float *q, int64_t h0, int64_t nh, int64_t first, int64_t last,

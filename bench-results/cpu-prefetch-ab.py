@@ -1,0 +1,45 @@
+"""Issue 33: the decode attention's prefetch (kernels/cpu_attn.c) against an earlier build of the library,
+two engines in one process (same model and requests) alternating one step each, each step run with its
+engine's library; wall time at THREADS threads. OLD is the earlier library (.so), e.g. a copy of the one
+~/.cache/rill/kernels held before the source changed.
+
+    OLD=/tmp/old_cpu.so B=64 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-prefetch-ab.py
+"""
+import ctypes, os, random, statistics, time
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+from rill.config import EngineConfig
+from rill.engine.core import EngineCore
+from rill.kernels import cpu_build
+
+MODEL = str(Path.home() / ".cache/rill/bench/random-qwen2-100m-seed0-v1")
+B, PROMPT = int(os.environ.get("B", "64")), int(os.environ.get("PROMPT", "256"))
+libs = {"new": cpu_build.library(), "old": ctypes.CDLL(os.environ["OLD"])}
+cpu_build._declare(libs["old"])
+cores = {n: EngineCore(EngineConfig(model=MODEL, dtype="float32", seed=0, max_num_seqs=64,
+                                    max_num_batched_tokens=2048)) for n in libs}
+def use(name):
+    cpu_build._loaded[0] = libs[name]
+params = dict(temperature=0, max_tokens=2000, ignore_eos=True)
+from rill.sampling_params import SamplingParams
+for name, core in cores.items():
+    use(name); rng = random.Random(0)
+    for i in range(B):
+        core.add_request(f"r{i}", [rng.randrange(3, 32000) for _ in range(PROMPT)], SamplingParams(**params))
+    while any(s.num_computed_tokens < PROMPT for s in core.scheduler.running) or core.scheduler.waiting:
+        core.step()
+times = {k: [] for k in cores}; tokens = {k: [] for k in cores}
+for rnd in range(int(os.environ.get("ROUNDS", "20"))):
+    for name in (("old", "new") if rnd % 2 else ("new", "old")):
+        use(name)
+        t = time.perf_counter(); out = cores[name].step(); times[name].append(time.perf_counter() - t)
+        tokens[name].append(sorted((d.request_id, tuple(d.token_ids)) for d in out))
+for name in cores:
+    ts = times[name]
+    print(f"B={B} prompt {PROMPT} {name}: decode step min {min(ts)*1000:6.1f} p50 {statistics.median(ts)*1000:6.1f} ms")
+print(f"old/new: p50 {statistics.median(times['old'])/statistics.median(times['new']):.3f}x")
+same = sum(a == b for a, b in zip(tokens["old"], tokens["new"]))
+print(f"steps with identical greedy tokens: {same}/{len(tokens['old'])}")
