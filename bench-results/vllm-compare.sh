@@ -11,7 +11,7 @@
 # Both servers stay up for the whole run and take turns; an idle one costs no CPU. Stops both at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench-results/vllm-compare}
+OUT=$(realpath -m "${1:-bench-results/vllm-compare}")
 ROUNDS=${ROUNDS:-2}
 NUM_PROMPTS=${NUM_PROMPTS:-64}
 RILL_THREADS=${RILL_THREADS:-2}
@@ -42,9 +42,11 @@ OMP_NUM_THREADS=$RILL_THREADS "$RILL" serve --model "$MODEL_DIR" --served-model-
   >"$OUT/rill-serve.log" 2>&1 &
 pids+=($!)
 TCMALLOC=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4/ && !p {p = $NF} END {print p}')  # reads all: no SIGPIPE under pipefail
-LD_PRELOAD=$TCMALLOC VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-$((VLLM_THREADS - 1)) \
+# vLLM runs from another directory: from this one, the repository's top-level kernels/ (rill.kernels) would be
+# importable as the PyPI package `kernels`, which transformers probes for, and its import fails.
+(cd /tmp && exec env LD_PRELOAD=$TCMALLOC VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-$((VLLM_THREADS - 1)) \
   "$VLLM_VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name model --host 127.0.0.1 --port "$VLLM_PORT" \
-  --dtype float32 "${LIMITS[@]}" >"$OUT/vllm-serve.log" 2>&1 &
+  --dtype float32 "${LIMITS[@]}") >"$OUT/vllm-serve.log" 2>&1 &
 pids+=($!)
 wait_up "http://127.0.0.1:$RILL_PORT" 600
 echo "rill up"
@@ -54,11 +56,11 @@ echo "vLLM up"
 client() {  # side port scenario round
   local extra=()
   [ "$3" = "c8" ] && extra=(--max-concurrency 8)
-  "$VLLM_VENV/bin/vllm" bench serve --backend openai --endpoint /v1/completions \
+  (cd /tmp && exec "$VLLM_VENV/bin/vllm" bench serve --backend openai --endpoint /v1/completions \
     --base-url "http://127.0.0.1:$2" --model model --tokenizer "$MODEL_DIR" --dataset-name random \
     --random-input-len 256 --random-output-len 128 --num-prompts "$NUM_PROMPTS" --ignore-eos --temperature 0 \
     --request-rate inf "${extra[@]}" --percentile-metrics ttft,tpot,itl --seed "$4" \
-    --save-result --result-dir "$OUT" --result-filename "$1-$3-$4.json" >"$OUT/$1-$3-$4.log" 2>&1
+    --save-result --result-dir "$OUT" --result-filename "$1-$3-$4.json") >"$OUT/$1-$3-$4.log" 2>&1
   echo "$1 $3 round $4: $(grep -E 'Output token throughput' "$OUT/$1-$3-$4.log")"
 }
 

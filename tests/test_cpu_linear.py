@@ -1,7 +1,7 @@
 """kernels/cpu_linear.c through kernels/cpu_linear.py: y = x W^T + b against F.linear in float64, at the
-edges of its tiles (6 rows, 16 columns, blocks of 96 rows), and the property the engine relies on: a
-row's result is bitwise the same whatever the other rows, their number, the split into calls, or the
-thread count."""
+edges of its tiles (6 rows, or 8 with AVX-512 below 64 rows; 16 columns, or pairs of 16; blocks of 96 rows),
+and the property the engine relies on: a row's result is bitwise the same whatever the other rows, their
+number, the split into calls, or the thread count."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def make(n, k, seed=0, bias=True):
     return w, b
 
 
-@pytest.mark.parametrize("n, k", [(1, 1), (15, 7), (16, 33), (17, 64), (50, 768), (1280, 96)])
-@pytest.mark.parametrize("m", [0, 1, 2, 5, 6, 7, 8, 13, 96, 97, 200])
+@pytest.mark.parametrize("n, k", [(1, 1), (15, 7), (16, 33), (17, 64), (33, 20), (48, 40), (50, 768), (1280, 96)])
+@pytest.mark.parametrize("m", [0, 1, 2, 5, 6, 7, 8, 9, 13, 63, 64, 65, 96, 97, 200])
 @pytest.mark.parametrize("bias", [True, False])
 def test_equals_f_linear_in_float64_to_rounding(n, k, m, bias):
     w, b = make(n, k, seed=n * 1000 + k, bias=bias)
@@ -38,7 +38,8 @@ def test_rows_do_not_depend_on_the_batch_the_split_or_the_threads():
     packed = cpu_linear.pack(w)
     x = torch.randn(250, 200, generator=torch.Generator().manual_seed(4))
     whole = cpu_linear.linear(x, packed, b)
-    for size in (1, 2, 3, 5, 6, 7, 9, 13, 95, 96, 97):  # pieces across tile and block boundaries
+    # pieces across tile and block boundaries, and below 64 rows (AVX-512's 8-row tiles) against the whole
+    for size in (1, 2, 3, 5, 6, 7, 8, 9, 13, 63, 64, 65, 95, 96, 97):
         pieces = torch.cat([cpu_linear.linear(x[i:i + size], packed, b) for i in range(0, 250, size)])
         assert torch.equal(pieces, whole), size
     threads = torch.get_num_threads()
@@ -70,7 +71,7 @@ def test_bad_inputs_are_refused():
 
 def test_packed_panels_are_aligned_and_padded_to_16_columns():
     packed = cpu_linear.pack(make(17, 5)[0])
-    assert packed.data.data_ptr() % 32 == 0
+    assert packed.data.data_ptr() % 64 == 0
     assert packed.data.numel() == 32 * 5 and (packed.out_features, packed.in_features) == (17, 5)
 
 

@@ -1,9 +1,9 @@
-"""Issue 33: the decode attention's prefetch (kernels/cpu_attn.c) against an earlier build of the library,
+"""Issue 33: rill's C kernels (kernels/*.c) as built now against an earlier build of the library,
 two engines in one process (same model and requests) alternating one step each, each step run with its
 engine's library; wall time at THREADS threads. OLD is the earlier library (.so), e.g. a copy of the one
 ~/.cache/rill/kernels held before the source changed.
 
-    OLD=/tmp/old_cpu.so B=64 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-prefetch-ab.py
+    OLD=/tmp/old_cpu.so B=64 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-lib-ab.py
 """
 import ctypes, os, random, statistics, time
 from pathlib import Path
