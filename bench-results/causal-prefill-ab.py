@@ -19,7 +19,8 @@ from rill.engine.core import EngineCore  # noqa: E402
 from rill.kernels import reference  # noqa: E402
 from rill.sampling_params import SamplingParams  # noqa: E402
 
-MODEL = str(Path.home() / ".cache/rill/bench/random-qwen2-100m-seed0-v1")
+from rill.bench.common import resolve_model
+MODEL = resolve_model("random-qwen2-100m")  # made on first use
 B, PROMPT = int(os.environ.get("B", "8")), int(os.environ.get("PROMPT", "256"))
 real = reference._sdpa
 

@@ -11,7 +11,8 @@ from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.kernels import cpu_attn
 from rill.sampling_params import SamplingParams
-MODEL = str(Path.home() / ".cache/rill/bench/random-qwen2-100m-seed0-v1")
+from rill.bench.common import resolve_model
+MODEL = resolve_model("random-qwen2-100m")  # made on first use
 B = int(os.environ.get("B", "64"))
 real = cpu_attn.supports
 cores = {n: EngineCore(EngineConfig(model=MODEL, dtype="float32", seed=0, max_num_seqs=64, max_num_batched_tokens=2048)) for n in ("ref", "c")}

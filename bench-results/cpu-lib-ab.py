@@ -15,7 +15,8 @@ from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.kernels import cpu_build
 
-MODEL = str(Path.home() / ".cache/rill/bench/random-qwen2-100m-seed0-v1")
+from rill.bench.common import resolve_model
+MODEL = resolve_model("random-qwen2-100m")  # made on first use
 B, PROMPT = int(os.environ.get("B", "64")), int(os.environ.get("PROMPT", "256"))
 libs = {"new": cpu_build.library(), "old": ctypes.CDLL(os.environ["OLD"])}
 cpu_build._declare(libs["old"])

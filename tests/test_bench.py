@@ -143,3 +143,23 @@ def test_scheduler_bench_outputs_outlast_the_warm_up_at_1024_requests():
     args = Namespace(steps=300, num_seqs=1024, prompt_tokens=64)
     assert _max_tokens(args) >= 300 + 1024 * 64 // (2048 - 1024)
     assert _max_tokens(Namespace(steps=10, num_seqs=4000, prompt_tokens=16)) >= 10 + 4000 * 16 // 64
+
+
+def test_a_random_qwen2_tokenizer_splits_numbers_as_qwen2_and_transformers_do():
+    """vLLM's benchmark client sends text; transformers 5 (in vLLM, and so its server) tokenizes a qwen2
+    directory with Qwen2's pre-tokenizer whatever tokenizer.json says, so the random Qwen2's tokenizer.json
+    must say the same, or the two servers prefill different token counts for the same prompts."""
+    from tokenizers import Regex, pre_tokenizers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    from rill.bench.common import QWEN2_PATTERN, _train_tokenizer
+
+    assert QWEN2_PATTERN == PRETOKENIZE_REGEX
+    qwen2 = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
+    text = "pale jahi 971 344, it's 12:30\n\n  x"
+    ours = _train_tokenizer(512, 0, qwen2=True).pre_tokenizer.pre_tokenize_str(text)
+    assert [piece for piece, _ in ours] == [
+        piece.replace(" ", "Ġ").replace("\n", "Ċ") for piece, _ in qwen2.pre_tokenize_str(text)]
+    assert ("9", (10, 11)) in ours  # digits one by one
+    llama = _train_tokenizer(512, 0).pre_tokenizer.pre_tokenize_str(text)
+    assert ("Ġ971", (9, 13)) in llama  # the Llama-shaped random models keep GPT-2's rule

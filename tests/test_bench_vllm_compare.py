@@ -34,3 +34,14 @@ def test_one_row_under_the_ratio_or_a_slow_tpot_at_8_in_flight_misses_the_target
         (tmp_path / f"{name}.json").write_text(json.dumps(body))
     vllm_compare.main([str(tmp_path)])
     assert json.loads((tmp_path / "summary.json").read_text())["met"] is False  # TPOT 45/52 > 0.8
+
+
+def test_sides_that_counted_different_prompt_tokens_are_flagged(tmp_path, capsys):
+    for name, tokens in {"rill-inf-1": 15740, "vllm-inf-1": 16384, "rill-c8-1": 16384, "vllm-c8-1": 16384}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**result(200, 30), "total_input_tokens": tokens}))
+    vllm_compare.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "request rate inf, round 1: rill counted 15740 prompt tokens, vLLM 16384" in out
+    assert "8 in flight, round 1: rill counted" not in out
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
+    assert {tuple(r["prompt_tokens"]) for r in rows} == {(15740, 16384), (16384, 16384)}

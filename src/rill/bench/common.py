@@ -49,6 +49,14 @@ RANDOM_MODELS: dict[str, dict] = {
     ),
 }
 _MODEL_FORMAT = 1  # bump when the way models are made changes; old cached directories are ignored
+# Qwen2-shaped models: their tokenizer.json pre-tokenizes as Qwen2's does (digits one by one) since format 2.
+# transformers 5 builds a qwen2 directory's tokenizer with Qwen2's own pre-tokenizer whatever tokenizer.json
+# says, so vLLM (and its benchmark client) split "971" into three tokens where rill's tokenizer.json, with
+# GPT-2's rule, kept " 971" whole: on vLLM's random prompts rill prefilled about 4% fewer tokens.
+_QWEN2_FORMAT = 2
+# Qwen2's pre-tokenizer pattern (its tokenizer.json): as GPT-2's, but a number is split into single digits.
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                 r"|\s+(?!\S)|\s+")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 NUM_SPECIAL_TOKENS = len(SPECIAL_TOKENS)  # ids 0..2; workloads draw ordinary ids above them
@@ -162,7 +170,8 @@ def make_random_model_dir(name: str, cache_dir: Path | None = None, seed: int = 
     so an interrupted build never leaves a half-written model behind."""
     shape = RANDOM_MODELS[name]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"{name}-seed{seed}-v{_MODEL_FORMAT}"
+    qwen2 = shape.get("architecture") == "qwen2"
+    final = root / f"{name}-seed{seed}-v{_QWEN2_FORMAT if qwen2 else _MODEL_FORMAT}"
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -189,7 +198,7 @@ def _write_model_dir(path: Path, shape: dict, seed: int) -> None:
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if shape.pop("architecture", "llama") == "qwen2" \
         else (LlamaConfig, LlamaForCausalLM)
 
-    tokenizer = _train_tokenizer(min(shape["vocab_size"], 32000), seed)
+    tokenizer = _train_tokenizer(min(shape["vocab_size"], 32000), seed, qwen2=config_cls is Qwen2Config)
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
@@ -204,14 +213,20 @@ def _write_model_dir(path: Path, shape: dict, seed: int) -> None:
     model.save_pretrained(path)
 
 
-def _train_tokenizer(vocab_size: int, seed: int):
+def _train_tokenizer(vocab_size: int, seed: int, qwen2: bool = False):
     """A ByteLevel BPE (every byte encodable) trained on synthetic words; at most vocab_size ids,
     so every token id is also a row of the model's embedding (a 32k vocabulary needs more words
-    than the default text holds merges for)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    than the default text holds merges for). qwen2: pre-tokenized as Qwen2's tokenizer.json does."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if qwen2:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,

@@ -37,8 +37,22 @@ def load(directory: Path) -> list[dict]:
                 "tpot_ratio": r["median_tpot_ms"] / v["median_tpot_ms"],
                 "rill_ttft_p50_ms": r["median_ttft_ms"], "vllm_ttft_p50_ms": v["median_ttft_ms"],
                 "completed": [r["completed"], v["completed"]],
+                # what each server counted: the same prompts' text, tokenized by each side
+                "prompt_tokens": [r.get("total_input_tokens"), v.get("total_input_tokens")],
             })
     return rows
+
+
+def tokenizer_warnings(rows: list[dict]) -> list[str]:
+    """A line per row whose sides counted more than 1% apart in prompt tokens: the client sends text, so the
+    two servers' tokenizers disagree and the sides did not prefill the same work."""
+    out = []
+    for row in rows:
+        r, v = row.get("prompt_tokens") or (None, None)
+        if r and v and abs(r - v) > 0.01 * v:
+            out.append(f"warning: {SCENARIOS[row['scenario']]}, round {row['round']}: rill counted {r} prompt tokens, "
+                       f"vLLM {v}: their tokenizers disagree, so the sides did not prefill the same work")
+    return out
 
 
 def table(rows: list[dict]) -> str:
@@ -72,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
               and all(r["tpot_ratio"] <= TPOT_TARGET for r in rows if r["scenario"] == "c8")}
     (directory / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(rows))
+    for warning in tokenizer_warnings(rows):
+        print(warning)
     print(f"target (>= {TARGET}x in both scenarios, TPOT p50 at 8 in flight <= {TPOT_TARGET}x): "
           f"{'met' if result['met'] else 'not met'}")
     plot(rows, directory / "summary.png")
