@@ -11,9 +11,11 @@
  * last panel padded with zeros), 64-byte aligned. The activations are packed per call into panels of
  * TILE_M rows, [K][TILE_M]. With AVX2 a 6 x 16 tile of y lives in 12 registers while k runs from 0 to
  * K-1 (the loop unrolled by 4: 1.1-1.3x at decode sizes, measured). With AVX-512 (32 registers, and a
- * panel's row of 16 floats is one register) the tile is 8 x 16 in 8 registers: a decode batch of 8
- * reads each weight panel once, in one tile, where the AVX2 tiles of 6 and 2 read it twice and the tile
- * of 2 waits on its two chains of FMAs.
+ * panel's row of 16 floats is one register) the activations come in panels of 12 rows and the tile is
+ * 12 x 32, two adjacent panels, in 24 registers (12 x 16 for a last odd or partial panel): a decode batch
+ * of 8 reads each weight panel once, in one tile, where the AVX2 tiles of 6 and 2 read it twice and the
+ * tile of 2 waits on its two chains of FMAs. (12 rows measured 1.02-1.15x 8 rows at 64-2,048 rows, and
+ * the same at 8.)
  *
  * Results do not depend on the batch: every y[m][n] is one chain of fused multiply-adds over k in
  * order 0..K-1, started from 0, whatever the other rows, the tile a row lands in, the thread count
@@ -29,8 +31,7 @@
 #define BLOCK_M 96 /* rows of x packed at a time: 96 x K floats stay in L2 (K up to ~1,300 in 512 KB) */
 
 #define TILE_M 6 /* rows per activation panel */
-#define WIDE_M 8 /* with AVX-512, below WIDE_BELOW rows: rows per activation panel */
-#define WIDE_BELOW 64
+#define WIDE_M 12 /* with AVX-512: rows per activation panel (8 for a call of at most 8 rows) */
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -56,14 +57,15 @@ static void pack_rows(const float *x, int64_t ldx, int rows, int64_t k, float *o
             out[kk * tile_m + i] = i < rows ? x[i * ldx + kk] : 0.0f;
 }
 
-static __attribute__((unused)) void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t ldy, int rows, int cols) {
+static __attribute__((unused)) void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t ldy,
+                                          int rows, int cols) {
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++)
             y[i * ldy + j] = bias ? acc[i][j] + bias[j] : acc[i][j];
 }
 
 #ifdef RILL_AVX512
-/* y[0..R)[0..cols) (+ bias) = a [k][8] (its first R rows) times b [k][16], a row of y in one register. */
+/* y[0..R)[0..cols) (+ bias) = a [k][12] (its first R rows) times b [k][16], a row of y in one register. */
 #define ROW16(R, i)                                                                                      \
     if (R > i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a[i]), b0, c##i);
 #define STORE16(R, i)                                                                                    \
@@ -73,15 +75,17 @@ static __attribute__((unused)) void store(float acc[TILE_M][PANEL], const float 
     }
 #define TILE16_R(R)                                                                                      \
     static void ztile##R(const float *restrict a, const float *restrict b, int64_t k, const float *bias,   \
-                        float *y, int64_t ldy, int cols) {                                                \
+                         float *y, int64_t ldy, int cols, int64_t tm) {                                   \
         __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;  \
-        _Pragma("GCC unroll 4") for (int64_t kk = 0; kk < k; kk++, a += WIDE_M, b += PANEL) {            \
+        __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0;                                                      \
+        _Pragma("GCC unroll 4") for (int64_t kk = 0; kk < k; kk++, a += tm, b += PANEL) {                \
             const __m512 b0 = _mm512_load_ps(b);                                                          \
             ROW16(R, 0) ROW16(R, 1) ROW16(R, 2) ROW16(R, 3) ROW16(R, 4) ROW16(R, 5) ROW16(R, 6) ROW16(R, 7) \
+            ROW16(R, 8) ROW16(R, 9) ROW16(R, 10) ROW16(R, 11)                                             \
         }                                                                                                 \
         const __mmask16 mask = (__mmask16)((1u << cols) - 1u);                                            \
         STORE16(R, 0) STORE16(R, 1) STORE16(R, 2) STORE16(R, 3) STORE16(R, 4) STORE16(R, 5) STORE16(R, 6) \
-        STORE16(R, 7)                                                                                     \
+        STORE16(R, 7) STORE16(R, 8) STORE16(R, 9) STORE16(R, 10) STORE16(R, 11)                          \
     }
 TILE16_R(1)
 TILE16_R(2)
@@ -91,7 +95,11 @@ TILE16_R(5)
 TILE16_R(6)
 TILE16_R(7)
 TILE16_R(8)
-/* The same over two adjacent whole panels, b and b + pstride: a tile of 8 x 32 in 16 registers, so
+TILE16_R(9)
+TILE16_R(10)
+TILE16_R(11)
+TILE16_R(12)
+/* The same over two adjacent whole panels, b and b + pstride: a tile of 12 x 32 in 24 registers, so
  * that each broadcast row value feeds two FMAs. */
 #define ROW32(R, i)                                                                                      \
     if (R > i) {                                                                                         \
@@ -106,16 +114,19 @@ TILE16_R(8)
     }
 #define PAIR_R(R)                                                                                        \
     static void pair##R(const float *restrict a, const float *restrict b, int64_t pstride, int64_t k,     \
-                        const float *bias, float *y, int64_t ldy) {                                       \
+                        const float *bias, float *y, int64_t ldy, int64_t tm) {                           \
         __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;  \
+        __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0;                                                      \
         __m512 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0, d6 = c0, d7 = c0;                    \
+        __m512 d8 = c0, d9 = c0, d10 = c0, d11 = c0;                                                      \
         const float *restrict e = b + pstride;                                                            \
-        _Pragma("GCC unroll 2") for (int64_t kk = 0; kk < k; kk++, a += WIDE_M, b += PANEL, e += PANEL) { \
+        _Pragma("GCC unroll 2") for (int64_t kk = 0; kk < k; kk++, a += tm, b += PANEL, e += PANEL) {     \
             const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(e);                                  \
             ROW32(R, 0) ROW32(R, 1) ROW32(R, 2) ROW32(R, 3) ROW32(R, 4) ROW32(R, 5) ROW32(R, 6) ROW32(R, 7) \
+            ROW32(R, 8) ROW32(R, 9) ROW32(R, 10) ROW32(R, 11)                                             \
         }                                                                                                 \
         STORE32(R, 0) STORE32(R, 1) STORE32(R, 2) STORE32(R, 3) STORE32(R, 4) STORE32(R, 5) STORE32(R, 6) \
-        STORE32(R, 7)                                                                                     \
+        STORE32(R, 7) STORE32(R, 8) STORE32(R, 9) STORE32(R, 10) STORE32(R, 11)                          \
     }
 PAIR_R(1)
 PAIR_R(2)
@@ -125,30 +136,42 @@ PAIR_R(5)
 PAIR_R(6)
 PAIR_R(7)
 PAIR_R(8)
+PAIR_R(9)
+PAIR_R(10)
+PAIR_R(11)
+PAIR_R(12)
 static void ztile(const float *restrict a, const float *restrict b, int64_t k, const float *bias, float *y,
-                  int64_t ldy, int rows, int cols) {
+                  int64_t ldy, int rows, int cols, int64_t tm) {
     switch (rows) {
-    case 8: ztile8(a, b, k, bias, y, ldy, cols); return;
-    case 7: ztile7(a, b, k, bias, y, ldy, cols); return;
-    case 6: ztile6(a, b, k, bias, y, ldy, cols); return;
-    case 5: ztile5(a, b, k, bias, y, ldy, cols); return;
-    case 4: ztile4(a, b, k, bias, y, ldy, cols); return;
-    case 3: ztile3(a, b, k, bias, y, ldy, cols); return;
-    case 2: ztile2(a, b, k, bias, y, ldy, cols); return;
-    default: ztile1(a, b, k, bias, y, ldy, cols); return;
+    case 12: ztile12(a, b, k, bias, y, ldy, cols, tm); return;
+    case 11: ztile11(a, b, k, bias, y, ldy, cols, tm); return;
+    case 10: ztile10(a, b, k, bias, y, ldy, cols, tm); return;
+    case 9: ztile9(a, b, k, bias, y, ldy, cols, tm); return;
+    case 8: ztile8(a, b, k, bias, y, ldy, cols, tm); return;
+    case 7: ztile7(a, b, k, bias, y, ldy, cols, tm); return;
+    case 6: ztile6(a, b, k, bias, y, ldy, cols, tm); return;
+    case 5: ztile5(a, b, k, bias, y, ldy, cols, tm); return;
+    case 4: ztile4(a, b, k, bias, y, ldy, cols, tm); return;
+    case 3: ztile3(a, b, k, bias, y, ldy, cols, tm); return;
+    case 2: ztile2(a, b, k, bias, y, ldy, cols, tm); return;
+    default: ztile1(a, b, k, bias, y, ldy, cols, tm); return;
     }
 }
 static void pair(const float *restrict a, const float *restrict b, int64_t pstride, int64_t k, const float *bias,
-                 float *y, int64_t ldy, int rows) {
+                 float *y, int64_t ldy, int rows, int64_t tm) {
     switch (rows) {
-    case 8: pair8(a, b, pstride, k, bias, y, ldy); return;
-    case 7: pair7(a, b, pstride, k, bias, y, ldy); return;
-    case 6: pair6(a, b, pstride, k, bias, y, ldy); return;
-    case 5: pair5(a, b, pstride, k, bias, y, ldy); return;
-    case 4: pair4(a, b, pstride, k, bias, y, ldy); return;
-    case 3: pair3(a, b, pstride, k, bias, y, ldy); return;
-    case 2: pair2(a, b, pstride, k, bias, y, ldy); return;
-    default: pair1(a, b, pstride, k, bias, y, ldy); return;
+    case 12: pair12(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 11: pair11(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 10: pair10(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 9: pair9(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 8: pair8(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 7: pair7(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 6: pair6(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 5: pair5(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 4: pair4(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 3: pair3(a, b, pstride, k, bias, y, ldy, tm); return;
+    case 2: pair2(a, b, pstride, k, bias, y, ldy, tm); return;
+    default: pair1(a, b, pstride, k, bias, y, ldy, tm); return;
     }
 }
 #endif
@@ -221,20 +244,20 @@ static void tile(const float *restrict a, const float *restrict b, int64_t k, co
 }
 
 /* y [m, n] (row stride n) = x [m, k] (row stride ldx) times the packed weight, plus bias [n] (or NULL).
- * With AVX-512 and fewer than WIDE_BELOW rows (decode steps) the 8-row tiles, two whole panels at a time;
- * otherwise the 6 x 16 tiles, which measured faster at prefill sizes (about 216 against 205 GFLOP/s at
- * 2,048 rows, two threads of an AVX-512 Zen 4). Either computes every output as the same chain of FMAs.
- * Returns 0, or -1 when the scratch for the packed rows cannot be had. */
+ * With AVX-512 the 12-row tiles, two whole panels at a time, at every row count (on a Zen 4, two threads,
+ * they beat the 6 x 16 tiles at every size measured, 1-2,048 rows). Either computes every output as the
+ * same chain of FMAs. Returns 0, or -1 when the scratch for the packed rows cannot be had. */
 int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const float *bias, float *y, int64_t m,
                     int64_t n, int64_t k, int num_threads) {
     if (m <= 0 || n <= 0)
         return 0;
 #ifdef RILL_AVX512
-    const int wide = m < WIDE_BELOW;
+    const int wide = 1;
 #else
     const int wide = 0;
 #endif
-    const int tm = wide ? WIDE_M : TILE_M;
+    /* up to 8 rows (decode at small batches) in panels of 8: [K][8] stays in L1 where [K][12] does not */
+    const int tm = wide ? (m <= 8 ? 8 : WIDE_M) : TILE_M;
     const int64_t panels = (n + PANEL - 1) / PANEL;
     const int64_t block = m < BLOCK_M ? m : BLOCK_M;
     const size_t bytes = ((size_t)((block + tm - 1) / tm) * tm * (size_t)k * sizeof(float) + 63) / 64 * 64;
@@ -260,7 +283,7 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
                     for (int64_t t = 0; t < tiles; t++) {
                         const int64_t left = mb - t * tm, p = 2 * g;
                         pair(rows + t * tm * k, packed + p * k * PANEL, k * PANEL, k, bias ? bias + p * PANEL : NULL,
-                             y + (m0 + t * tm) * n + p * PANEL, n, left < tm ? (int)left : tm);
+                             y + (m0 + t * tm) * n + p * PANEL, n, left < tm ? (int)left : tm, tm);
                     }
                 first_single = whole / 2 * 2;
             }
@@ -276,7 +299,7 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
                     const float *pb = bias ? bias + p * PANEL : NULL;
 #ifdef RILL_AVX512
                     if (wide) {
-                        ztile(rows + t * tm * k, packed + p * k * PANEL, k, pb, out, n, r, cols);
+                        ztile(rows + t * tm * k, packed + p * k * PANEL, k, pb, out, n, r, cols, tm);
                         continue;
                     }
 #endif

@@ -1,5 +1,5 @@
 """kernels/cpu_linear.c through kernels/cpu_linear.py: y = x W^T + b against F.linear in float64, at the
-edges of its tiles (6 rows, or 8 with AVX-512 below 64 rows; 16 columns, or pairs of 16; blocks of 96 rows),
+edges of its tiles (6 rows, or 12 with AVX-512; 16 columns, or pairs of 16 with AVX-512; blocks of 96 rows),
 and the property the engine relies on: a row's result is bitwise the same whatever the other rows, their
 number, the split into calls, or the thread count."""
 
@@ -22,7 +22,7 @@ def make(n, k, seed=0, bias=True):
 
 
 @pytest.mark.parametrize("n, k", [(1, 1), (15, 7), (16, 33), (17, 64), (33, 20), (48, 40), (50, 768), (1280, 96)])
-@pytest.mark.parametrize("m", [0, 1, 2, 5, 6, 7, 8, 9, 13, 63, 64, 65, 96, 97, 200])
+@pytest.mark.parametrize("m", [0, 1, 2, 5, 6, 7, 8, 9, 11, 12, 13, 25, 63, 64, 65, 96, 97, 200])
 @pytest.mark.parametrize("bias", [True, False])
 def test_equals_f_linear_in_float64_to_rounding(n, k, m, bias):
     w, b = make(n, k, seed=n * 1000 + k, bias=bias)
@@ -38,8 +38,8 @@ def test_rows_do_not_depend_on_the_batch_the_split_or_the_threads():
     packed = cpu_linear.pack(w)
     x = torch.randn(250, 200, generator=torch.Generator().manual_seed(4))
     whole = cpu_linear.linear(x, packed, b)
-    # pieces across tile and block boundaries, and below 64 rows (AVX-512's 8-row tiles) against the whole
-    for size in (1, 2, 3, 5, 6, 7, 8, 9, 13, 63, 64, 65, 95, 96, 97):
+    # pieces across tile (6 or 8 rows) and block boundaries against the whole
+    for size in (1, 2, 3, 5, 6, 7, 8, 9, 11, 12, 13, 25, 63, 64, 65, 95, 96, 97):
         pieces = torch.cat([cpu_linear.linear(x[i:i + size], packed, b) for i in range(0, 250, size)])
         assert torch.equal(pieces, whole), size
     threads = torch.get_num_threads()
