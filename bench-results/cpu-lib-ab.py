@@ -1,7 +1,9 @@
 """Issue 33: rill's C kernels (kernels/*.c) as built now against an earlier build of the library,
 two engines in one process (same model and requests) alternating one step each, each step run with its
 engine's library; wall time at THREADS threads. OLD is the earlier library (.so), e.g. a copy of the one
-~/.cache/rill/kernels held before the source changed.
+~/.cache/rill/kernels held before the source changed; NEW another .so instead of the one built from the source.
+The engine made first decodes about 5% slower than the other in an A/A run (the same library both sides) and
+prefills about 4% faster: run each comparison both ways (NEW and OLD swapped) and take the geometric mean.
 
     OLD=/tmp/old_cpu.so B=64 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-lib-ab.py
 """
@@ -18,8 +20,10 @@ from rill.kernels import cpu_build
 from rill.bench.common import resolve_model
 MODEL = resolve_model("random-qwen2-100m")  # made on first use
 B, PROMPT = int(os.environ.get("B", "64")), int(os.environ.get("PROMPT", "256"))
-libs = {"new": cpu_build.library(), "old": ctypes.CDLL(os.environ["OLD"])}
-cpu_build._declare(libs["old"])
+libs = {"new": ctypes.CDLL(os.environ["NEW"]) if os.environ.get("NEW") else cpu_build.library(),
+        "old": ctypes.CDLL(os.environ["OLD"])}
+for lib in libs.values():
+    cpu_build._declare(lib)
 cores = {n: EngineCore(EngineConfig(model=MODEL, dtype="float32", seed=0, max_num_seqs=64,
                                     max_num_batched_tokens=2048)) for n in libs}
 def use(name):

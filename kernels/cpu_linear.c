@@ -51,7 +51,9 @@ void rill_linear_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
             }
 }
 
-static void pack_rows(const float *x, int64_t ldx, int rows, int64_t k, float *out, int tile_m) {
+/* Inlined at each call with a constant tile_m, so that every tile height gets its own unrolled copy. */
+static inline __attribute__((always_inline)) void pack_rows(const float *x, int64_t ldx, int rows, int64_t k,
+                                                            float *out, int tile_m) {
     for (int64_t kk = 0; kk < k; kk++)
         for (int i = 0; i < tile_m; i++)
             out[kk * tile_m + i] = i < rows ? x[i * ldx + kk] : 0.0f;
@@ -244,15 +246,16 @@ static void tile(const float *restrict a, const float *restrict b, int64_t k, co
 }
 
 /* y [m, n] (row stride n) = x [m, k] (row stride ldx) times the packed weight, plus bias [n] (or NULL).
- * With AVX-512 the 12-row tiles, two whole panels at a time, at every row count (on a Zen 4, two threads,
- * they beat the 6 x 16 tiles at every size measured, 1-2,048 rows). Either computes every output as the
- * same chain of FMAs. Returns 0, or -1 when the scratch for the packed rows cannot be had. */
+ * With AVX-512 and more than 6 rows the 12-row tiles, two whole panels at a time (on a Zen 4, two threads,
+ * they beat the 6 x 16 tiles at every size measured from 7 to 2,048 rows). Either computes every output as
+ * the same chain of FMAs. Returns 0, or -1 when the scratch for the packed rows cannot be had. */
 int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const float *bias, float *y, int64_t m,
                     int64_t n, int64_t k, int num_threads) {
     if (m <= 0 || n <= 0)
         return 0;
 #ifdef RILL_AVX512
-    const int wide = 1;
+    /* up to 6 rows the AVX2 tiles hold one tile's rows in one tile too, and measured 1.01-1.06x the wide ones */
+    const int wide = m > TILE_M;
 #else
     const int wide = 0;
 #endif
@@ -272,7 +275,14 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tiles; t++) {
                 const int64_t left = mb - t * tm;
-                pack_rows(x + (m0 + t * tm) * ldx, ldx, left < tm ? (int)left : tm, k, rows + t * tm * k, tm);
+                const float *src = x + (m0 + t * tm) * ldx;
+                const int r = left < tm ? (int)left : tm;
+                if (tm == TILE_M)
+                    pack_rows(src, ldx, r, k, rows + t * tm * k, TILE_M);
+                else if (tm == 8)
+                    pack_rows(src, ldx, r, k, rows + t * tm * k, 8);
+                else
+                    pack_rows(src, ldx, r, k, rows + t * tm * k, WIDE_M);
             }
             int64_t first_single = 0;
 #ifdef RILL_AVX512
