@@ -14,8 +14,8 @@
  * panel's row of 16 floats is one register) the activations come in panels of 12 rows and the tile is
  * 12 x 32, two adjacent panels, in 24 registers (12 x 16 for a last odd or partial panel): a decode batch
  * of 8 reads each weight panel once, in one tile, where the AVX2 tiles of 6 and 2 read it twice and the
- * tile of 2 waits on its two chains of FMAs. (12 rows measured 1.02-1.15x 8 rows at 64-2,048 rows, and
- * the same at 8.)
+ * tile of 2 waits on its two chains of FMAs. (12 rows measured 1.02-1.15x 8 rows at 64-2,048 rows; a
+ * call of at most 8 rows packs them in panels of 8.)
  *
  * Results do not depend on the batch: every y[m][n] is one chain of fused multiply-adds over k in
  * order 0..K-1, started from 0, whatever the other rows, the tile a row lands in, the thread count
@@ -254,7 +254,8 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
     if (m <= 0 || n <= 0)
         return 0;
 #ifdef RILL_AVX512
-    /* up to 6 rows the AVX2 tiles hold one tile's rows in one tile too, and measured 1.01-1.06x the wide ones */
+    /* up to 6 rows the AVX2 tiles hold all the rows in one tile too; there the two measured within a few per
+     * cent of each other, about the noise of the comparison (bench-results/cpu-lib-ab.py) */
     const int wide = m > TILE_M;
 #else
     const int wide = 0;
