@@ -5,9 +5,10 @@ Packed in C (pack_for_cpu, which ModelRunner calls on its model, when rill's CPU
 kernels/cpu_build.py): a float32 CPU Linear holds its weight laid out in 16-column panels and
 multiplies with kernels/cpu_linear.c. Measured on a 2-core AVX2 EPYC, two threads, weights cold, against
 oneDNN's packed GEMM below (`rill bench cpu-linear`): 1.29-1.53x faster at 1 and 8 rows (a decode step:
-the time to stream the weights), 1.08-1.30x at 64, 0.97-1.12x at 2,048 (prefill). Every output is one
-chain of FMAs over the input features in order, so a row's result does not depend on the other rows,
-their number or the thread count.
+the time to stream the weights), 1.08-1.30x at 64, 0.97-1.12x at 2,048 (prefill). With AVX-512 (a 2-core
+Zen 4, where oneDNN uses AVX-512 too) the kernel's wider tiles: 1.10-1.34x oneDNN at 8 rows, 0.91-1.04x at
+64, 0.89-0.98x at 2,048. Every output is one chain of FMAs over the input features in order, so a row's
+result does not depend on the other rows, their number, the thread count or the machine's vector width.
 
 Packed for oneDNN (no C compiler, or RILL_CPU_KERNELS=0): the weight is reordered once into
 oneDNN's blocked layout and multiplied with oneDNN's GEMM (`torch.ops.mkldnn._linear_pointwise`, the
