@@ -59,123 +59,60 @@ static inline __attribute__((always_inline)) void pack_rows(const float *x, int6
             out[kk * tile_m + i] = i < rows ? x[i * ldx + kk] : 0.0f;
 }
 
-static __attribute__((unused)) void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t ldy,
-                                          int rows, int cols) {
+static void store(float acc[TILE_M][PANEL], const float *bias, float *y, int64_t ldy, int rows, int cols) {
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++)
             y[i * ldy + j] = bias ? acc[i][j] + bias[j] : acc[i][j];
 }
 
 #ifdef RILL_AVX512
-/* y[0..R)[0..cols) (+ bias) = a [k][12] (its first R rows) times b [k][16], a row of y in one register. */
-#define ROW16(R, i)                                                                                      \
-    if (R > i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a[i]), b0, c##i);
-#define STORE16(R, i)                                                                                    \
-    if (R > i) {                                                                                         \
-        const __m512 v = bias ? _mm512_add_ps(c##i, _mm512_maskz_loadu_ps(mask, bias)) : c##i;         \
-        _mm512_mask_storeu_ps(y + i * ldy, mask, v);                                                     \
-    }
-#define TILE16_R(R)                                                                                      \
-    static void ztile##R(const float *restrict a, const float *restrict b, int64_t k, const float *bias,   \
-                         float *y, int64_t ldy, int cols, int64_t tm) {                                   \
-        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;  \
-        __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0;                                                      \
-        _Pragma("GCC unroll 4") for (int64_t kk = 0; kk < k; kk++, a += tm, b += PANEL) {                \
-            const __m512 b0 = _mm512_load_ps(b);                                                          \
-            ROW16(R, 0) ROW16(R, 1) ROW16(R, 2) ROW16(R, 3) ROW16(R, 4) ROW16(R, 5) ROW16(R, 6) ROW16(R, 7) \
-            ROW16(R, 8) ROW16(R, 9) ROW16(R, 10) ROW16(R, 11)                                             \
-        }                                                                                                 \
-        const __mmask16 mask = (__mmask16)((1u << cols) - 1u);                                            \
-        STORE16(R, 0) STORE16(R, 1) STORE16(R, 2) STORE16(R, 3) STORE16(R, 4) STORE16(R, 5) STORE16(R, 6) \
-        STORE16(R, 7) STORE16(R, 8) STORE16(R, 9) STORE16(R, 10) STORE16(R, 11)                          \
-    }
-TILE16_R(1)
-TILE16_R(2)
-TILE16_R(3)
-TILE16_R(4)
-TILE16_R(5)
-TILE16_R(6)
-TILE16_R(7)
-TILE16_R(8)
-TILE16_R(9)
-TILE16_R(10)
-TILE16_R(11)
-TILE16_R(12)
-/* The same over two adjacent whole panels, b and b + pstride: a tile of 12 x 32 in 24 registers, so
- * that each broadcast row value feeds two FMAs. */
-#define ROW32(R, i)                                                                                      \
+/* y[0..R)[0..NP * 16) (+ bias) = a [k][tm] (its first R rows) times NP adjacent panels, b and b + pstride,
+ * a row of a panel's y in one register: with NP = 2 two whole panels, a 12 x 32 tile in 24 registers in
+ * which each broadcast row value feeds two FMAs; with NP = 1 the first `cols` columns of one panel. */
+#define WIDE_ROW(NP, R, i)                                                                               \
     if (R > i) {                                                                                         \
         const __m512 x = _mm512_set1_ps(a[i]);                                                           \
         c##i = _mm512_fmadd_ps(x, b0, c##i);                                                             \
-        d##i = _mm512_fmadd_ps(x, b1, d##i);                                                             \
+        if (NP > 1) d##i = _mm512_fmadd_ps(x, b1, d##i);                                                 \
     }
-#define STORE32(R, i)                                                                                    \
+#define WIDE_STORE(NP, R, i)                                                                             \
     if (R > i) {                                                                                         \
-        _mm512_storeu_ps(y + i * ldy, bias ? _mm512_add_ps(c##i, _mm512_loadu_ps(bias)) : c##i);         \
-        _mm512_storeu_ps(y + i * ldy + 16, bias ? _mm512_add_ps(d##i, _mm512_loadu_ps(bias + 16)) : d##i); \
+        _mm512_mask_storeu_ps(y + i * ldy, mask,                                                         \
+                              bias ? _mm512_add_ps(c##i, _mm512_maskz_loadu_ps(mask, bias)) : c##i);      \
+        if (NP > 1)                                                                                      \
+            _mm512_storeu_ps(y + i * ldy + 16, bias ? _mm512_add_ps(d##i, _mm512_loadu_ps(bias + 16)) : d##i); \
     }
-#define PAIR_R(R)                                                                                        \
-    static void pair##R(const float *restrict a, const float *restrict b, int64_t pstride, int64_t k,     \
-                        const float *bias, float *y, int64_t ldy, int64_t tm) {                           \
+#define WIDE_R(NP, R)                                                                                    \
+    static void wide##NP##_##R(const float *restrict a, const float *restrict b, int64_t pstride, int64_t k, \
+                               const float *bias, float *y, int64_t ldy, int cols, int64_t tm) {          \
         __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;  \
         __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0;                                                      \
         __m512 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0, d6 = c0, d7 = c0;                    \
         __m512 d8 = c0, d9 = c0, d10 = c0, d11 = c0;                                                      \
         const float *restrict e = b + pstride;                                                            \
         _Pragma("GCC unroll 2") for (int64_t kk = 0; kk < k; kk++, a += tm, b += PANEL, e += PANEL) {     \
-            const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(e);                                  \
-            ROW32(R, 0) ROW32(R, 1) ROW32(R, 2) ROW32(R, 3) ROW32(R, 4) ROW32(R, 5) ROW32(R, 6) ROW32(R, 7) \
-            ROW32(R, 8) ROW32(R, 9) ROW32(R, 10) ROW32(R, 11)                                             \
+            const __m512 b0 = _mm512_load_ps(b), b1 = NP > 1 ? _mm512_load_ps(e) : b0;                   \
+            WIDE_ROW(NP, R, 0) WIDE_ROW(NP, R, 1) WIDE_ROW(NP, R, 2) WIDE_ROW(NP, R, 3)                    \
+            WIDE_ROW(NP, R, 4) WIDE_ROW(NP, R, 5) WIDE_ROW(NP, R, 6) WIDE_ROW(NP, R, 7)                    \
+            WIDE_ROW(NP, R, 8) WIDE_ROW(NP, R, 9) WIDE_ROW(NP, R, 10) WIDE_ROW(NP, R, 11)                  \
         }                                                                                                 \
-        STORE32(R, 0) STORE32(R, 1) STORE32(R, 2) STORE32(R, 3) STORE32(R, 4) STORE32(R, 5) STORE32(R, 6) \
-        STORE32(R, 7) STORE32(R, 8) STORE32(R, 9) STORE32(R, 10) STORE32(R, 11)                          \
+        const __mmask16 mask = (__mmask16)((1u << cols) - 1u);                                            \
+        WIDE_STORE(NP, R, 0) WIDE_STORE(NP, R, 1) WIDE_STORE(NP, R, 2) WIDE_STORE(NP, R, 3)                \
+        WIDE_STORE(NP, R, 4) WIDE_STORE(NP, R, 5) WIDE_STORE(NP, R, 6) WIDE_STORE(NP, R, 7)                \
+        WIDE_STORE(NP, R, 8) WIDE_STORE(NP, R, 9) WIDE_STORE(NP, R, 10) WIDE_STORE(NP, R, 11)              \
     }
-PAIR_R(1)
-PAIR_R(2)
-PAIR_R(3)
-PAIR_R(4)
-PAIR_R(5)
-PAIR_R(6)
-PAIR_R(7)
-PAIR_R(8)
-PAIR_R(9)
-PAIR_R(10)
-PAIR_R(11)
-PAIR_R(12)
-static void ztile(const float *restrict a, const float *restrict b, int64_t k, const float *bias, float *y,
-                  int64_t ldy, int rows, int cols, int64_t tm) {
-    switch (rows) {
-    case 12: ztile12(a, b, k, bias, y, ldy, cols, tm); return;
-    case 11: ztile11(a, b, k, bias, y, ldy, cols, tm); return;
-    case 10: ztile10(a, b, k, bias, y, ldy, cols, tm); return;
-    case 9: ztile9(a, b, k, bias, y, ldy, cols, tm); return;
-    case 8: ztile8(a, b, k, bias, y, ldy, cols, tm); return;
-    case 7: ztile7(a, b, k, bias, y, ldy, cols, tm); return;
-    case 6: ztile6(a, b, k, bias, y, ldy, cols, tm); return;
-    case 5: ztile5(a, b, k, bias, y, ldy, cols, tm); return;
-    case 4: ztile4(a, b, k, bias, y, ldy, cols, tm); return;
-    case 3: ztile3(a, b, k, bias, y, ldy, cols, tm); return;
-    case 2: ztile2(a, b, k, bias, y, ldy, cols, tm); return;
-    default: ztile1(a, b, k, bias, y, ldy, cols, tm); return;
-    }
-}
-static void pair(const float *restrict a, const float *restrict b, int64_t pstride, int64_t k, const float *bias,
-                 float *y, int64_t ldy, int rows, int64_t tm) {
-    switch (rows) {
-    case 12: pair12(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 11: pair11(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 10: pair10(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 9: pair9(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 8: pair8(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 7: pair7(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 6: pair6(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 5: pair5(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 4: pair4(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 3: pair3(a, b, pstride, k, bias, y, ldy, tm); return;
-    case 2: pair2(a, b, pstride, k, bias, y, ldy, tm); return;
-    default: pair1(a, b, pstride, k, bias, y, ldy, tm); return;
-    }
-}
+#define WIDE_ROWS(NP)                                                                                    \
+    WIDE_R(NP, 1) WIDE_R(NP, 2) WIDE_R(NP, 3) WIDE_R(NP, 4) WIDE_R(NP, 5) WIDE_R(NP, 6)                  \
+    WIDE_R(NP, 7) WIDE_R(NP, 8) WIDE_R(NP, 9) WIDE_R(NP, 10) WIDE_R(NP, 11) WIDE_R(NP, 12)
+WIDE_ROWS(1)
+WIDE_ROWS(2)
+typedef void (*wide_fn)(const float *restrict, const float *restrict, int64_t, int64_t, const float *, float *,
+                        int64_t, int, int64_t);
+/* WIDE[NP - 1][R - 1]: one body per panel count and row count, so a partial tile computes only its rows. */
+static const wide_fn WIDE[2][WIDE_M] = {
+    {wide1_1, wide1_2, wide1_3, wide1_4, wide1_5, wide1_6, wide1_7, wide1_8, wide1_9, wide1_10, wide1_11, wide1_12},
+    {wide2_1, wide2_2, wide2_3, wide2_4, wide2_5, wide2_6, wide2_7, wide2_8, wide2_9, wide2_10, wide2_11, wide2_12},
+};
 #endif
 
 
@@ -293,8 +230,9 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
                 for (int64_t g = 0; g < whole / 2; g++)
                     for (int64_t t = 0; t < tiles; t++) {
                         const int64_t left = mb - t * tm, p = 2 * g;
-                        pair(rows + t * tm * k, packed + p * k * PANEL, k * PANEL, k, bias ? bias + p * PANEL : NULL,
-                             y + (m0 + t * tm) * n + p * PANEL, n, left < tm ? (int)left : tm, tm);
+                        WIDE[1][(left < tm ? left : tm) - 1](rows + t * tm * k, packed + p * k * PANEL, k * PANEL, k,
+                                                             bias ? bias + p * PANEL : NULL,
+                                                             y + (m0 + t * tm) * n + p * PANEL, n, PANEL, tm);
                     }
                 first_single = whole / 2 * 2;
             }
@@ -310,7 +248,7 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
                     const float *pb = bias ? bias + p * PANEL : NULL;
 #ifdef RILL_AVX512
                     if (wide) {
-                        ztile(rows + t * tm * k, packed + p * k * PANEL, k, pb, out, n, r, cols, tm);
+                        WIDE[0][r - 1](rows + t * tm * k, packed + p * k * PANEL, 0, k, pb, out, n, cols, tm);
                         continue;
                     }
 #endif
