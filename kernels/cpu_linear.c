@@ -192,7 +192,7 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
         return 0;
 #ifdef RILL_AVX512
     /* up to 6 rows the AVX2 tiles hold all the rows in one tile too; there the two measured within a few per
-     * cent of each other, about the noise of the comparison (bench-results/cpu-lib-ab.py) */
+     * cent of each other, about the noise of the comparison (benchmarks/cpu-lib-ab.py) */
     const int wide = m > TILE_M;
 #else
     const int wide = 0;

@@ -1,4 +1,4 @@
-"""bench-results/vllm-compare.sh's summary: `vllm bench serve` result files (the fields vLLM 0.32 writes) turned into
+"""benchmarks/vllm-compare.sh's summary: `vllm bench serve` result files (the fields vLLM 0.32 writes) turned into
 the issue 33 table, with the target judged per row. The inputs are written by the test, in vLLM's field names."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """rill on a CUDA GPU at a realistic width: every architecture, bfloat16 and float16, against transformers.
 
-Skipped without a GPU (bench-results/gpu-run.sh runs it on one). Each architecture is a random
+Skipped without a GPU (benchmarks/gpu-run.sh runs it on one). Each architecture is a random
 two-layer model (four for Gemma, whose layers alternate) at hidden 2048, 16 query heads, 4 KV heads,
 head_dim 128 and a sliding window of 4,096 where the family slides; the prompt is 4,600 tokens, so the
 window bites. The oracle is transformers in float32 on the same GPU. A half-precision rill must be

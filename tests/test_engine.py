@@ -17,7 +17,7 @@ from rill.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # The same tests on a GPU: RILL_TEST_DEVICE=cuda (and RILL_TEST_CUDA_GRAPHS=1 to replay decode steps
-# from CUDA graphs); bench-results/gpu-run.sh runs them so.
+# from CUDA graphs); benchmarks/gpu-run.sh runs them so.
 DEVICE = {"device": os.environ.get("RILL_TEST_DEVICE", "cpu"), "cuda_graphs": bool(os.environ.get("RILL_TEST_CUDA_GRAPHS"))}
 
 

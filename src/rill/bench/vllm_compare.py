@@ -1,4 +1,4 @@
-"""The table of bench-results/vllm-compare.sh: `vllm bench serve` results for rill and vLLM, per scenario
+"""The table of benchmarks/vllm-compare.sh: `vllm bench serve` results for rill and vLLM, per scenario
 and round, as JSON and a PNG (rill / vLLM output tokens per second and TPOT p50, round by round).
 
     python -m rill.bench.vllm_compare DIR     # reads DIR/{rill,vllm}-{inf,c8}-{round}.json

@@ -6,7 +6,7 @@ is over; one reader takes them with `async for`, `receive()` or `receive_nowait(
 it leaves (then puts are refused, and the bridge aborts the request). A delivery wakes every running
 request's reader, so a put's cost is paid per stream and per delivery: at 1,024 streams a put is a
 deque append and, for a parked reader, one `trio.lowlevel.reschedule`, about 0.6x of a memory channel's
-`send_nowait` (`bench-results/trio-send-floor.py`).
+`send_nowait` (`benchmarks/trio-send-floor.py`).
 
 It is a `trio.abc.ReceiveChannel` for its reader: the same `receive` semantics as a memory channel's
 (a checkpoint each call, state unchanged when cancelled, `EndOfChannel` after the last item,

@@ -6,7 +6,7 @@ Per round and side: the time of the N puts (send_nowait / DeltaStream.put, each 
 bridge's own work, what `rill bench scheduler` counts as delivery), and the trio thread's CPU time until every
 reader has taken its value and parked again (the puts plus the readers' wake-ups). p50 over the rounds.
 
-    python bench-results/trio-send-floor.py [N] [ROUNDS]
+    python benchmarks/trio-send-floor.py [N] [ROUNDS]
 """
 
 import statistics

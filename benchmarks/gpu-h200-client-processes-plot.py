@@ -1,5 +1,8 @@
 """256 streaming clients against `rill serve --cuda-graphs` on one H200 (2026-11-27), from 1, 2 and 4
-client processes (`rill bench serve --client-processes N`, gpu-run.sh 12): tokens/s and TTFT p99."""
+client processes (`rill bench serve --client-processes N`, benchmarks/gpu-run.sh 12): tokens/s and TTFT p99.
+
+    python benchmarks/gpu-h200-client-processes-plot.py   # reads and writes bench-results/gpu-h200/run12/
+"""
 import json
 from pathlib import Path
 
@@ -8,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-here = Path(__file__).parent
+here = Path(__file__).resolve().parents[1] / "bench-results" / "gpu-h200" / "run12"  # the results it plots
 procs = [1, 2, 4]
 levels = [json.loads((here / f"serve-graphs-p{n}.json").read_text())["levels"][0] for n in procs]
 fig, (tput, ttft) = plt.subplots(1, 2, figsize=(10, 4))

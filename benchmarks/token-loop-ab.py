@@ -3,7 +3,7 @@ NoOpRunner): this tree's core against another version of rill/engine/core.py (OL
 side, their steps alternating, so that the machine's drift falls on both alike.
 
     git show <rev>:src/rill/engine/core.py > /tmp/core_old.py
-    OLD=/tmp/core_old.py N=1024 STEPS=300 python bench-results/token-loop-ab.py
+    OLD=/tmp/core_old.py N=1024 STEPS=300 python benchmarks/token-loop-ab.py
 """
 
 import argparse

@@ -3,7 +3,7 @@ explicit causal mask they used before; two engines in one process (same model an
 prefill each, at THREADS threads (round 0 a warm-up; who goes first alternates). Prints the median prefill
 time of each side and checks the first tokens agree.
 
-    B=8 PROMPT=256|1024 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/causal-prefill-ab.py
+    B=8 PROMPT=256|1024 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python benchmarks/causal-prefill-ab.py
 """
 import os
 import random

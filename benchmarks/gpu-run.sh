@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Issue 32 on a lent CUDA GPU, one call per phase (the device tool; BENCHMARKS.md "GPU figures").
 #
-#   bash bench-results/gpu-run.sh 1   correctness (kernels, parity at realistic width, engine eager and
+#   bash benchmarks/gpu-run.sh 1   correctness (kernels, parity at realistic width, engine eager and
 #                                     with CUDA graphs), the kernel benchmark, throughput against transformers
-#   bash bench-results/gpu-run.sh 2   what phase 1 did not finish: serve at 64 and 256 clients, the kernel
+#   bash benchmarks/gpu-run.sh 2   what phase 1 did not finish: serve at 64 and 256 clients, the kernel
 #                                     sweeps, the failing tests again
 #   3, 4, 5                           Gemma's fixes again; serve in its own process; the in-process serve's log
-#   bash bench-results/gpu-run.sh 6   speech (rill bench transcribe) and vision (rill bench vision) on CUDA
-#   bash bench-results/gpu-run.sh 7   rill serve at 64 and 256 clients with --stream-interval 1, 4, 16
-#   bash bench-results/gpu-run.sh 8   the kernel sweeps alone
-#   bash bench-results/gpu-run.sh 10  rill serve with and without CUDA graphs, each in its own process
-#   bash bench-results/gpu-run.sh 9   speech admission groups 1 and 4 on CUDA; the new prefill tiles checked and timed
-#   bash bench-results/gpu-run.sh 11  the eager server's closed connections: before and after the compile fix (the
+#   bash benchmarks/gpu-run.sh 6   speech (rill bench transcribe) and vision (rill bench vision) on CUDA
+#   bash benchmarks/gpu-run.sh 7   rill serve at 64 and 256 clients with --stream-interval 1, 4, 16
+#   bash benchmarks/gpu-run.sh 8   the kernel sweeps alone
+#   bash benchmarks/gpu-run.sh 10  rill serve with and without CUDA graphs, each in its own process
+#   bash benchmarks/gpu-run.sh 9   speech admission groups 1 and 4 on CUDA; the new prefill tiles checked and timed
+#   bash benchmarks/gpu-run.sh 11  the eager server's closed connections: before and after the compile fix (the
 #                                     kernels compiled while serving listed); py-spy on the graphs server at 256
-#   bash bench-results/gpu-run.sh 12  256 clients from 1, 2 and 4 client processes (graphs), and eager from 4
+#   bash benchmarks/gpu-run.sh 12  256 clients from 1, 2 and 4 client processes (graphs), and eager from 4
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
 # wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into

@@ -1,7 +1,7 @@
 """Issue 33: decode attention by the C kernel (kernels/cpu_attn.c) against the torch reference, two
 engines in one process (same model and requests) alternating one step each; wall time at THREADS threads.
 
-    B=64 ROUNDS=12 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-decode-ab.py
+    B=64 ROUNDS=12 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python benchmarks/cpu-decode-ab.py
 """
 import os, time, random, statistics
 import torch

@@ -1,7 +1,7 @@
 """The patch probe A/B of rill train-tiny-vision: two 2,000-step runs side by side on the two cores
 (--probe-weight 0 against 1.0, seed 0, one thread each), their answer loss and held-out table.
 
-    python bench-results/tiny-vision-probe/plot.py   # reads the JSON beside it, writes probe-ab.png
+    python benchmarks/tiny-vision-probe-plot.py   # reads bench-results/tiny-vision-probe/*.json, writes probe-ab.png there
 """
 
 import json
@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-here = Path(__file__).parent
+here = Path(__file__).resolve().parents[1] / "bench-results" / "tiny-vision-probe"  # the results it plots
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
 for name, label in (("base", "answer loss only (--probe-weight 0)"), ("probe", "with the patch probe (1.0)")):
     run = json.loads((here / f"{name}-training_run.json").read_text())

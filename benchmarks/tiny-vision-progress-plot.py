@@ -1,8 +1,8 @@
 """rill-tiny-vision with the patch probe, held out per family against the steps trained: the 2,000-step run
-from scratch, then phases continued with --init-from (JSON beside this file), and the earlier recipe's
+from scratch, then phases continued with --init-from (JSON in bench-results/tiny-vision-probe/), and the earlier recipe's
 14,400-step figures (README) for reference; the shipped model (43,000 steps) on the bar's draw as stars.
 
-    python bench-results/tiny-vision-probe/progress.py   # writes progress.png and progress.json
+    python benchmarks/tiny-vision-progress-plot.py   # writes progress.png and progress.json beside the JSON
 """
 
 import json
@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-here = Path(__file__).parent
+here = Path(__file__).resolve().parents[1] / "bench-results" / "tiny-vision-probe"  # the results it plots
 points = [(2000, "probe-eval.json")] + [(2000 + n, f"long-{n}-eval.json") for n in (2000, 4000, 6000, 8000)]
 points += [(10000 + n, f"p3-{n}-eval.json") for n in (1000, 2000, 3000)]
 points += [(13000 + n, f"p4-{n}-eval.json") for n in (1000, 2000, 3000, 4000, 5000)]  # counting redrawn from here

@@ -1,7 +1,7 @@
 """Issue 33: each elementwise op of a decoder layer, torch (as models/llama.py computed it) against the C glue
 (kernels/cpu_glue.c), random-qwen2-100m shapes at 64 and 2,048 rows, two threads, median of 20.
 
-    THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-glue-micro.py
+    THP_MEM_ALLOC_ENABLE=1 .venv/bin/python benchmarks/cpu-glue-micro.py
 """
 import torch, time, torch.nn.functional as F
 torch.set_num_threads(2)

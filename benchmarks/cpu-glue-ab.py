@@ -4,7 +4,7 @@ requests) alternating one step each; prefill and decode wall time at THREADS thr
 OFF=glue (default): the elementwise ops in C (kernels/cpu_glue.c) against torch's (cpu_glue.supports -> False).
 OFF=scratch: the layer's activations in reused buffers (cpu_glue.scratch) against fresh tensors each time.
 
-    B=8|64 OFF=glue|scratch ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-glue-ab.py
+    B=8|64 OFF=glue|scratch ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python benchmarks/cpu-glue-ab.py
 """
 import os, time, random, statistics
 import torch

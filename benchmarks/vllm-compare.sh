@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 33's side-by-side: `rill serve` against vLLM's CPU backend on random-qwen2-100m, both driven by
 # vLLM's own client (`vllm bench serve`), rounds alternating the sides, two scenarios: request rate inf and
-# 8 in flight. rill never imports vLLM; vLLM runs from its own venv (bench-results/vllm-cpu-setup.sh).
+# 8 in flight. rill never imports vLLM; vLLM runs from its own venv (benchmarks/vllm-cpu-setup.sh).
 #
-#   bash bench-results/vllm-compare.sh [OUT_DIR]        # default bench-results/vllm-compare
+#   bash benchmarks/vllm-compare.sh [OUT_DIR]        # default bench-results/vllm-compare
 #
 # Env: ROUNDS (2), RILL_THREADS / VLLM_THREADS (OpenMP threads: OMP_NUM_THREADS for rill, vLLM's bound
 # cores; default 2 each, the issue's setup),

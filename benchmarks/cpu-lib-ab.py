@@ -5,7 +5,7 @@ engine's library; wall time at THREADS threads. OLD is the earlier library (.so)
 The engine made first decodes about 5% slower than the other in an A/A run (the same library both sides) and
 prefills about 4% faster: run each comparison both ways (NEW and OLD swapped) and take the geometric mean.
 
-    OLD=/tmp/old_cpu.so B=64 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-lib-ab.py
+    OLD=/tmp/old_cpu.so B=64 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python benchmarks/cpu-lib-ab.py
 """
 import ctypes, os, random, statistics, time
 from pathlib import Path

@@ -1,7 +1,7 @@
 """Issue 33: linear layers by the C kernel (kernels/cpu_linear.c) against oneDNN's packed GEMM, two engines in
 one process (same model and requests) alternating one step each; prefill and decode wall time at THREADS threads.
 
-    B=8 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python bench-results/cpu-linear-ab.py
+    B=8 ROUNDS=20 THP_MEM_ALLOC_ENABLE=1 .venv/bin/python benchmarks/cpu-linear-ab.py
 """
 import os, time, random, statistics
 import torch

