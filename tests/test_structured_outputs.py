@@ -21,7 +21,7 @@ from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.engine.sampler import Sampler, SamplingRow
 from rill.errors import ValidationError
-from rill.openai.constraints import strict_tools_constraint
+from rill.openai.constraints import auto_tools_constraint
 from rill.openai.requests import Tool
 from rill.sampling_params import SamplingParams
 from rill.structured import GrammarCompiler, specs
@@ -462,7 +462,7 @@ CITY_WEATHER = {"type": "function", "function": {
 
 
 def auto_spec(compiler, tools: list[dict], parallel: bool = True):
-    spec, _ = strict_tools_constraint([msgspec.convert(t, Tool) for t in tools], parallel, compiler.special_tags)
+    spec, _ = auto_tools_constraint([msgspec.convert(t, Tool) for t in tools], parallel, compiler.special_tags)
     return spec
 
 
@@ -506,10 +506,16 @@ def test_auto_leaves_other_tags_free_in_text(compiler, tokenizer):
     assert matcher is not None and matcher.is_accepting()
 
 
-def test_auto_holds_only_strict_tools_to_their_schema(compiler, tokenizer):
-    spec = auto_spec(compiler, [CITY_WEATHER, PLAIN_WEATHER | {"function": {**PLAIN_WEATHER["function"], "name": "f"}}])
-    assert walk(compiler, tokenizer, spec, hermes_call("f", '{"anything": [1, 2]}')).is_accepting()
-    assert walk(compiler, tokenizer, spec, hermes_call("f", '[1, 2]')) is None  # arguments are an object
+def test_auto_holds_a_non_strict_tool_to_its_schema_too_unless_it_cannot_be_enforced(compiler, tokenizer):
+    """Issue 49: a call, once started, is to a declared tool with valid arguments, strict or not; a
+    non-strict schema llguidance cannot enforce leaves that tool's arguments any object (no 400)."""
+    cannot = {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "if": {}}}}
+    spec = auto_spec(compiler, [CITY_WEATHER, PLAIN_WEATHER | {"function": {**PLAIN_WEATHER["function"], "name": "f"}},
+                                cannot])
+    assert walk(compiler, tokenizer, spec, hermes_call("f", '{"city": "Rome", "more": [1, 2]}')).is_accepting()
+    assert walk(compiler, tokenizer, spec, hermes_call("f", '{"anything": [1, 2]}')) is None  # city is required
+    assert walk(compiler, tokenizer, spec, hermes_call("g", '{"anything": [1, 2]}')).is_accepting()
+    assert walk(compiler, tokenizer, spec, hermes_call("g", '[1, 2]')) is None  # arguments are an object
     assert walk(compiler, tokenizer, spec, hermes_call("get_weather", '{"anything": 1}')) is None
 
 
@@ -522,8 +528,10 @@ def test_auto_takes_many_calls_unless_parallel_tool_calls_is_false(compiler, tok
     assert one.is_stopped()
 
 
-def test_auto_constrains_nothing_without_a_strict_tool(compiler):
-    assert strict_tools_constraint([msgspec.convert(PLAIN_WEATHER, Tool)], True, compiler.special_tags) is None
+def test_auto_refuses_a_misspelt_name_without_a_strict_tool(compiler, tokenizer):
+    spec = auto_spec(compiler, [PLAIN_WEATHER])
+    assert walk(compiler, tokenizer, spec, hermes_call("get_weather", '{"city": "Paris"}')).is_accepting()
+    assert walk(compiler, tokenizer, spec, '<tool_call>\n{"name": "G') is None
 
 
 def test_auto_leaves_out_of_text_the_special_tokens_lark_cannot_name():

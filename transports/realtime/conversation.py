@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from rill.errors import ValidationError
-from rill.openai.constraints import forced_call_constraint
+from rill.openai.constraints import auto_calls_constraint, forced_call_constraint
 from rill.openai.errors import ApiError
 from rill.openai.serving import Serving
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
@@ -112,7 +112,7 @@ class Settings:
         try:
             params = SamplingParams.from_generation_config(serving.generation_config, **fields)
             serving.check_params(params)
-            params.grammar = serving.compile_grammar(self._forced_call(serving))
+            params.grammar = serving.compile_grammar(self._forced_call(serving) or self._auto_calls(serving))
         except ValidationError as exc:
             raise RealtimeError(exc.code, exc.message, f"session.{exc.param}") from exc
         return params
@@ -126,6 +126,13 @@ class Settings:
         output_text = self.forced(serving.tokenizer).output_text
         return forced_call_constraint(functions, name, output_text, serving.grammars.special_tags,
                                       "tools[{}].parameters")
+
+    def _auto_calls(self, serving: Serving):
+        """tool_choice "auto": text, or calls to the session's tools with valid arguments, as on chat."""
+        if self.tool_choice != "auto" or not self.tools or serving.options.tool_call_parser is None:
+            return None
+        functions = [(t.name, t.parameters, False) for t in self.tools]  # realtime tools have no `strict`
+        return auto_calls_constraint(functions, True, serving.grammars.special_tags, "tools[{}].parameters")
 
     def max_tokens(self, options: ResponseOptions | None) -> int | None:
         if options is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from rill.errors import ValidationError
 from rill.openai import sse
 from rill.openai.chat_media import MediaParts, load_media
-from rill.openai.constraints import output_constraint, strict_tools_constraint, tool_call_constraint
+from rill.openai.constraints import auto_tools_constraint, output_constraint, tool_call_constraint
 from rill.openai.errors import ApiError, bad_request
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
 from rill.openai.logprobs import chat_logprobs
@@ -126,23 +126,23 @@ def render_prompt(serving: Serving, job: ChatJob, messages: list[dict[str, Any]]
 def _constraint(serving: Serving, req: ChatCompletionRequest, forced: ForcedPrefix | None,
                 ) -> tuple[GrammarSpec, str] | None:
     """A forced tool call's grammar, else response_format's or structured_outputs' (a forced call is the
-    whole answer, so the format of a text answer does not apply to it), else strict tools' under
-    tool_choice "auto". (A text format wins over strict tools: a grammar for the one is not yet joined
-    to the other's calls.)"""
+    whole answer, so the format of a text answer does not apply to it), else the declared tools' under
+    tool_choice "auto". (A text format wins over tools: a grammar for the one is not yet joined to the
+    other's calls.)"""
     if forced is None:
-        return output_constraint(req) or _strict_tools(serving, req)
+        return output_constraint(req) or _auto_tools(serving, req)
     name = None if req.tool_choice == "required" else req.tool_choice.function.name
     return tool_call_constraint(req.tools, name, forced.output_text, serving.grammars.special_tags)
 
 
-def _strict_tools(serving: Serving, req: ChatCompletionRequest) -> tuple[GrammarSpec, str] | None:
-    """Text or valid calls, when the template shows `strict: true` tools under tool_choice "auto" and a
-    parser reads the calls. Checked before serving.grammars is touched, so that requests without strict
-    tools never build its vocabulary table."""
+def _auto_tools(serving: Serving, req: ChatCompletionRequest) -> tuple[GrammarSpec, str] | None:
+    """Text or calls to the declared tools with valid arguments, when the template shows tools under
+    tool_choice "auto" and a parser reads the calls. Checked before serving.grammars is touched, so
+    that requests without tools never build its vocabulary table."""
     auto = req.tool_choice in (None, "auto") and serving.options.tool_call_parser is not None
-    if not auto or not any(t.function.strict for t in req.tools or ()):
+    if not auto or not req.tools:
         return None
-    return strict_tools_constraint(req.tools, req.parallel_tool_calls, serving.grammars.special_tags)
+    return auto_tools_constraint(req.tools, req.parallel_tool_calls, serving.grammars.special_tags)
 
 
 def _sampling_params(serving: Serving, req: ChatCompletionRequest) -> SamplingParams:

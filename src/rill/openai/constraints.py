@@ -1,8 +1,8 @@
 """Which grammar, if any, a request's output must match: response_format, vLLM's structured_outputs,
 a tool call that tool_choice forces (its wrapper in the model's Hermes format, its arguments valid
-against the function's parameters), or, under tool_choice "auto" with `strict: true` tools, text or
-calls whose strict arguments are valid. Compiled through Serving.compile_grammar, so an invalid
-schema, regex or grammar is a 400 naming its field before anything runs."""
+against the function's parameters), or, under tool_choice "auto", text or calls to the declared
+tools whose arguments are valid. Compiled through Serving.compile_grammar, so an invalid schema,
+regex or grammar is a 400 naming its field before anything runs."""
 
 from __future__ import annotations
 
@@ -84,23 +84,40 @@ def forced_call_constraint(functions: list[tuple[str, dict | None]], name: str |
     return specs.tool_call(output_text, options, CALL_TAIL, params, tags), param.split("[")[0]
 
 
-def strict_tools_constraint(tools: list[Tool], parallel: bool, tags: frozenset[str]) -> tuple[GrammarSpec, str] | None:
-    """tool_choice "auto" with at least one `strict: true` tool: the answer is text, or (after text or
-    not) Hermes calls in which a strict function's arguments are valid against its parameters and any
-    other function's are a JSON object, as OpenAI's strict mode promises. None (nothing constrained, as
-    without strict tools) when the model's `<tool_call>` is not a special token: text could not end
-    where a spelled-out call begins (specs.text_or_tool_calls)."""
-    if not any(t.function.strict for t in tools) or TOOL_CALL_START not in tags:
+def auto_tools_constraint(tools: list[Tool], parallel: bool, tags: frozenset[str]) -> tuple[GrammarSpec, str] | None:
+    """tool_choice "auto": the answer is text, or (after text or not) Hermes calls, each to a declared
+    function with arguments valid against its parameters (issue 49: a sampled `Get_weather` is a call
+    no client can run). Free text is free until the model writes `<tool_call>`; from there the grammar
+    holds the call. A strict function's parameters must be enforceable (else a 400, as OpenAI's strict
+    mode promises); a non-strict function's that llguidance cannot enforce fall back to any JSON object.
+    None (nothing constrained) when the model's `<tool_call>` is not a special token: text could not
+    end where a spelled-out call begins (specs.text_or_tool_calls)."""
+    functions = [(t.function.name, t.function.parameters, bool(t.function.strict)) for t in tools]
+    return auto_calls_constraint(functions, parallel, tags, "tools[{}].function.parameters")
+
+
+def auto_calls_constraint(functions: list[tuple[str, dict | None, bool]], parallel: bool, tags: frozenset[str],
+                          param: str) -> tuple[GrammarSpec, str] | None:
+    """auto_tools_constraint over (name, parameters, strict) triples; `param` names the parameters'
+    field, formatted with the function's index (realtime tools are flat, chat's nested)."""
+    if not functions or TOOL_CALL_START not in tags:
         return None
-    options = [(_name_rest(t.function.name), _strict_schema(t)) for t in tools]
-    params = [f"tools[{i}].function.parameters" for i in range(len(tools))]
-    return specs.text_or_tool_calls(CALL_HEAD, options, CALL_TAIL, params, tags, one_call=not parallel), "tools"
+    params = [param.format(i) for i in range(len(functions))]
+    options = [(_name_rest(name), _auto_schema(parameters, strict))
+               for (name, parameters, strict) in functions]
+    return (specs.text_or_tool_calls(CALL_HEAD, options, CALL_TAIL, params, tags, one_call=not parallel),
+            param.split("[")[0])
 
 
-def _strict_schema(tool: Tool) -> dict:
-    """What a call's arguments must match: a strict function's parameters, else any object."""
-    parameters = tool.function.parameters
-    return parameters if tool.function.strict and parameters is not None else specs.ANY_OBJECT
+def _auto_schema(parameters: dict | None, strict: bool) -> dict:
+    """What a call's arguments must match under "auto": the function's parameters when it declares
+    them, checked when the grammar is built; a non-strict function's that cannot be enforced, any
+    object (a 400 would break requests that worked before the call's grammar existed)."""
+    if parameters is None:
+        return specs.ANY_OBJECT
+    if strict or specs.is_enforceable(parameters):
+        return parameters
+    return specs.ANY_OBJECT
 
 
 def _name_rest(name: str) -> str:

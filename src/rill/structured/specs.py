@@ -150,6 +150,15 @@ def _checked_schema(schema: dict[str, Any], param: str) -> dict[str, Any]:
     return schema
 
 
+def is_enforceable(schema: Any) -> bool:
+    """True when `schema` is a JSON Schema object that llguidance can enforce (as tool_call checks it)."""
+    try:
+        _checked_schema(_schema_object(schema, ""), "")
+    except ValidationError:
+        return False
+    return True
+
+
 def _grammar_error(text: str) -> str:
     """llguidance's message for an invalid grammar ("" when it is valid); independent of the tokenizer."""
     is_error, messages = LLMatcher.validate_grammar_with_warnings(text)
