@@ -95,7 +95,7 @@ class TranscriptionSettings(msgspec.Struct, omit_defaults=True):
 
 
 class TurnDetectionSettings(msgspec.Struct, omit_defaults=True):
-    """turn_detection: server_vad's fields (OpenAI's defaults apply to what is left out)."""
+    """turn_detection: server_vad's or semantic_vad's fields (OpenAI's defaults apply to what is left out)."""
 
     type: Literal["server_vad", "semantic_vad"] | None = None  # None: server_vad
     threshold: float | None = None
@@ -104,6 +104,7 @@ class TurnDetectionSettings(msgspec.Struct, omit_defaults=True):
     create_response: bool | None = None
     interrupt_response: bool | None = None
     idle_timeout_ms: int | None = None  # accepted, not acted on
+    eagerness: str | None = None  # semantic_vad: low, medium, high or auto (checked in voice_settings)
 
 
 class AudioInput(msgspec.Struct):
