@@ -5,6 +5,7 @@
     /v1/streaming_input/sessions/...             streaming input, Mode B (the same module)
     POST /v1/audio/transcriptions                 speech to text (transports/audio_http.py)
     POST /v1/responses                            OpenAI's Responses API (transports/responses_http.py)
+    POST /v1/embeddings                           pooled hidden states (transports/embeddings_http.py)
     GET  /v1/models, /v1/models/{model}, /health, /metrics
     POST /tokenize, /detokenize
 
@@ -215,6 +216,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     _install_transcriptions(app, state, speech)
     _install_responses_store(app, state)
     _install_responses(app)
+    _install_embeddings(app)
     app.register_error_handler(HTTPException, _http_error)
     if models is not None:
         state.attach_models(models)
@@ -252,6 +254,12 @@ def _install_responses(app: QuartTrio) -> None:
     from rill.transports.responses_http import responses_api  # it imports this module
 
     app.register_blueprint(responses_api)
+
+
+def _install_embeddings(app: QuartTrio) -> None:
+    from rill.transports.embeddings_http import embeddings_api  # it imports this module
+
+    app.register_blueprint(embeddings_api)
 
 
 def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:

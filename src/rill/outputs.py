@@ -30,6 +30,9 @@ class RequestDelta(msgspec.Struct, frozen=True):
     # SamplingParams.prompt_logprobs: one entry per prompt token (the first is None: nothing comes
     # before it), on the delta that carries the first sampled token.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # SamplingParams.pooling: the prompt's pooled hidden state (not normalized), on the one delta
+    # that ends a pooling request (it samples no token).
+    embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:

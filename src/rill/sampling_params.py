@@ -66,6 +66,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     # A compiled rill.structured.Grammar the output must match (response_format, structured_outputs, a
     # forced or strict tool call). Not a request field: the server compiles it before submitting.
     grammar: Any = None
+    # "last" or "mean": run the prompt as prefill only and hand back its pooled hidden state
+    # (RequestDelta.embedding) instead of sampling (rill.engine.pooling). Not a request field.
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, lo=1)

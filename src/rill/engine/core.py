@@ -16,6 +16,7 @@ from rill.engine.cuda_graphs import MAX_GRAPH_BATCH
 from rill.engine.kv_layout import KVLayout
 from rill.engine.live_sessions import LiveSessions
 from rill.engine.model_runner import ModelRunner
+from rill.engine.pooling import Pooler, pool_spans
 from rill.engine.prompt_logprobs import prompt_spans
 from rill.engine.sampler import SampledToken, Sampler, make_generator
 from rill.engine.scheduler import ScheduledBatch, Scheduler
@@ -75,6 +76,7 @@ class EngineCore:
         self.sessions: dict[str, Sequence] = {}  # streaming-input anchors not yet started
         self._pending: list[RequestDelta] = []  # deltas made between steps, returned by the next
         self._owed_prompt_logprobs: set[Sequence] = set()  # sequences still scoring their prompt
+        self._pooling: set[Sequence] = set()  # pooling requests not yet answered (engine/pooling.py)
         self.live = LiveSessions(self)  # sessions with images or video: progress, rebase (live video)
         self.stats = EngineStats()
 
@@ -178,12 +180,37 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     mm_items=()) -> None:
         """mm_items: the prompt's images and videos, placed (rill.multimodal: expand placeholders first)."""
+        if params.pooling is not None:
+            return self._add_pooling(request_id, prompt_token_ids, params)
         max_tokens = self.check_fits(len(prompt_token_ids), params.max_tokens)
         for seq in self._new_sequences(request_id, list(prompt_token_ids), params, max_tokens, mm_items):
             self.scheduler.add(seq)
             if seq.prompt_logprobs is not None:
                 self._owed_prompt_logprobs.add(seq)
         self.stats.num_prompt_tokens += len(prompt_token_ids) * params.n
+
+    def check_fits_pooling(self, num_prompt_tokens: int) -> None:
+        """A pooling prompt generates nothing: it may fill the whole context, and no more."""
+        if num_prompt_tokens < 1:
+            raise ValidationError("the input is empty", param="input")
+        if num_prompt_tokens > self.max_model_len:
+            raise ValidationError(f"this model's maximum context length is {self.max_model_len} tokens; the input "
+                                  f"has {num_prompt_tokens} tokens", param="input", code="context_length_exceeded")
+        needed = self.min_blocks_per_seq(num_prompt_tokens)
+        if needed > self.block_manager.num_blocks:
+            raise ValidationError(f"the input needs {needed} KV blocks but the cache has "
+                                  f"{self.block_manager.num_blocks}", param="input", code="kv_cache_too_small")
+
+    def _add_pooling(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """A prefill-only request whose answer is its pooled hidden state (engine/pooling.py)."""
+        if params.n != 1:
+            raise ValidationError("a pooling request runs one sequence (n=1)", param="n")
+        self.check_fits_pooling(len(prompt_token_ids))
+        (seq,) = self._new_sequences(request_id, list(prompt_token_ids), params, 1)
+        seq.pooler = Pooler(params.pooling)
+        self._pooling.add(seq)
+        self.scheduler.add(seq)
+        self.stats.num_prompt_tokens += len(prompt_token_ids)
 
     # -- streaming-input sessions (anchor requests) ----------------------------------------------
 
@@ -286,6 +313,7 @@ class EngineCore:
             return False
         for seq in seqs:
             self._owed_prompt_logprobs.discard(seq)
+            self._pooling.discard(seq)
             if not seq.is_finished:
                 self.scheduler.remove(seq)
                 seq.finish_reason = FinishReason.ABORT
@@ -309,9 +337,13 @@ class EngineCore:
             batch.mm = self.scheduler.vision.prepare(batch)  # runs the vision encoder for the step's images
             if self.scheduler.vision.num_step_tokens:
                 self.stats.encoder_tokens.append(self.scheduler.vision.num_step_tokens)
-        sampling = batch.sampling
-        if self._owed_prompt_logprobs:
-            sampled, scored = self._execute_scoring_prompts(batch, sampling)
+        sampling, pooled, pools = batch.sampling, [], []
+        if self._pooling:  # prefill-only requests: pooled hidden states, no token sampled for them
+            pools = pool_spans(batch)
+            pooled = [seq for seq in sampling if seq.pooler is not None]
+            sampling = [seq for seq in sampling if seq.pooler is None] if pooled else sampling
+        if self._owed_prompt_logprobs or pools:
+            sampled, scored = self._execute_scoring_prompts(batch, sampling, pools)
         else:
             sampled, scored = self.runner.execute(batch, sampling), None
         self._advance(batch)
@@ -322,15 +354,17 @@ class EngineCore:
         deltas = self._on_tokens(sampling, sampled, time.monotonic())  # one clock read for the step's tokens
         if scored:
             deltas = self._with_prompt_logprobs(sampling, deltas, scored)
+        deltas += [self._pooled_delta(seq) for seq in pooled]
         self.stats.record_step(time.perf_counter() - t0, sum(batch.num_new_tokens))
         return pending + deltas
 
-    def _execute_scoring_prompts(self, batch: ScheduledBatch, sampling: list[Sequence]):
-        """Run the step scoring the prompt tokens it computes for sequences that asked; return the
-        sampled tokens and the sequences whose prompt is now fully scored and that sample now
-        (their first token's delta carries the prompt logprobs)."""
-        spans = prompt_spans(batch, self._owed_prompt_logprobs)
-        sampled, logprobs = self.runner.execute_scoring_prompts(batch, sampling, spans)
+    def _execute_scoring_prompts(self, batch: ScheduledBatch, sampling: list[Sequence], pools=()):
+        """Run the step scoring the prompt tokens it computes for sequences that asked, and pooling
+        the hidden states of `pools` (engine/pooling.py); return the sampled tokens and the sequences
+        whose prompt is now fully scored and that sample now (their first token's delta carries the
+        prompt logprobs)."""
+        spans = prompt_spans(batch, self._owed_prompt_logprobs) if self._owed_prompt_logprobs else []
+        sampled, logprobs = self.runner.execute_scoring_prompts(batch, sampling, spans, pools)
         for span, values in zip(spans, logprobs):
             span.seq.prompt_logprobs.extend(values)
         done = {seq for seq in sampling if seq in self._owed_prompt_logprobs and not seq.num_prompt_logprobs_owed}
@@ -417,6 +451,15 @@ class EngineCore:
             deltas.append(self._delta(seq, [token_id], text, logprobs, reason))
             self._end(seq, reason)
         return deltas
+
+    def _pooled_delta(self, seq: Sequence) -> RequestDelta:
+        """The one delta of a pooling request, whose prompt is now computed: its vector, and the end."""
+        self._pooling.discard(seq)
+        delta = RequestDelta(seq.request_id, seq.index, [], "", finish_reason=FinishReason.STOP.value,
+                             num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+                             embedding=seq.pooler.result())
+        self._end(seq, FinishReason.STOP)
+        return delta
 
     def _delta(self, seq, token_ids, text, logprobs, reason: FinishReason) -> RequestDelta:
         """The delta that ends the request, or the turn (mid-stream ones are built in _on_tokens)."""

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from rill.engine.cuda_graphs import DecodeGraphs
+from rill.engine.pooling import PoolSpan, add_pooled
 from rill.engine.prompt_logprobs import MAX_ROWS_PER_PASS, PromptSpan, token_logprobs
 from rill.engine.sampler import SampledToken, Sampler
 from rill.engine.kv_layout import KVLayout
@@ -181,11 +182,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_scoring_prompts(self, batch: ScheduledBatch, sampling: list[Sequence], spans: list[PromptSpan],
+                                pools: list[PoolSpan] = (),
                                 ) -> tuple[list[SampledToken], list[list[TokenLogprob]]]:
-        """`execute`, plus the logprobs of each span's prompt tokens (prompt_logprobs.prompt_spans).
-        A separate entry point, so that steps without such requests pay nothing for it."""
+        """`execute`, plus the logprobs of each span's prompt tokens (prompt_logprobs.prompt_spans) and
+        the pooled hidden states of pooling requests (engine/pooling.py). A separate entry point, so
+        that steps without such requests pay nothing for it."""
         ids, pos, meta, starts = self._prepare(batch)
         hidden = self._forward(batch, ids, pos, meta)
+        add_pooled(hidden, pools)
         scored = [self._score(hidden[span.rows], span.target_ids, span.seq.params.prompt_logprobs) for span in spans]
         return self._sample(hidden, starts, batch, sampling), scored
 

@@ -1,7 +1,11 @@
-"""FCFS continuous batching with chunked prefill under a per-step token budget.
+"""Continuous batching with chunked prefill under a per-step token budget, fair between requests.
 
 Running sequences are served first (decodes and unfinished prefill chunks), then waiting
-ones are admitted in arrival order while the budget, max_num_seqs and KV blocks allow.
+ones are admitted while the budget, max_num_seqs and KV blocks allow: first the head of the
+request with the fewest sequences running, arrival order among equals (engine/fair_queue.py;
+FCFS when one request waits). When every slot is taken and a waiting request has nothing
+running, the request running the most sequences gives up its newest one (recompute), so that
+one request with hundreds of sequences cannot keep a short chat waiting for all of them.
 When blocks run out, the newest unscheduled running sequence is preempted by recompute;
 idle streaming sessions are preempted before anyone else. A sequence with nobody left to
 preempt computes a shorter chunk, as much as the free blocks hold, so that one request that
@@ -11,11 +15,12 @@ blocks than its length). KV is counted in block ids over all KV groups (engine/k
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from rill.engine.block_manager import BlockManager
+from rill.engine.fair_queue import FairQueue, request_key
 from rill.engine.sequence import Sequence, Status
 
 
@@ -47,8 +52,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = FairQueue()
         self.running: list[Sequence] = []
+        self.num_running_by_request: Counter[int] = Counter()  # fair_queue.request_key -> sequences running
         self.parked: list[Sequence] = []  # idle sessions preempted under pressure, back on new input
         self.num_preemptions = 0
         self.vision = None  # engine/vision_step.VisionStep for a model that reads images
@@ -72,6 +78,7 @@ class Scheduler:
             self.mm_seqs.discard(seq)
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
+            self._count_running(seq, -1)
             self.block_manager.free(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
@@ -84,6 +91,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         if self.vision is not None:
             self.vision.begin()
+        if self.waiting and len(self.running) >= self.max_num_seqs:
+            self._make_way_for_a_waiting_request(batch)
         running_status, bs, mm_seqs = Status.RUNNING, self.block_manager.block_size, self.mm_seqs
         any_mm = bool(mm_seqs)  # a bool local: the cheapest test the loop below can make per sequence
         seqs, counts, computed_before, sampling = batch.seqs, batch.num_new_tokens, batch.num_computed, batch.sampling
@@ -170,6 +179,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         idle = seq.is_idle
         self.running.remove(seq)
+        self._count_running(seq, -1)
         self.block_manager.free(seq)
         if seq.mm_items:
             self.vision.release(seq)
@@ -200,9 +210,11 @@ class Scheduler:
                 if not self._preempt_an_idle_session():  # idle sessions yield their slot too, not only KV
                     break
                 batch.num_preempted += 1
-            seq = self.waiting[0]
-            # A prompt still to be scored (prompt logprobs) is computed whole: cached blocks would skip it.
-            hit = 0 if seq.prompt_logprobs is not None else bm.match_prefix(seq)
+            seq = self.waiting.next_up(self.num_running_by_request)
+            # A prompt still to be scored (prompt logprobs) or mean-pooled is computed whole: cached
+            # blocks would skip it.
+            whole = seq.prompt_logprobs is not None or (seq.pooler is not None and seq.pooler.needs_every_position)
+            hit = 0 if whole else bm.match_prefix(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = hit  # a sliding group shares only its window
             num_new = min(seq.num_pending_tokens, budget)
             if num_new and seq.mm_items:
@@ -214,10 +226,30 @@ class Scheduler:
             if num_new == 0 or not bm.can_append(seq, num_new):
                 bm.free(seq)
                 seq.num_computed_tokens = seq.num_cached_tokens = 0
-                break  # first come, first served: nobody overtakes the head of the queue
+                break  # nobody overtakes the request whose turn it is
             bm.append(seq, num_new)
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
+            self._count_running(seq, 1)
             batch.add(seq, num_new)
             budget -= num_new
+
+    def _count_running(self, seq: Sequence, change: int) -> None:
+        key = request_key(seq)
+        self.num_running_by_request[key] += change
+        if not self.num_running_by_request[key]:
+            del self.num_running_by_request[key]
+
+    def _make_way_for_a_waiting_request(self, batch: ScheduledBatch) -> None:
+        """Every slot is taken: when the request whose turn it is has nothing running, the request
+        running the most (two or more) preempts its newest sequence, before this step schedules it."""
+        counts = self.num_running_by_request
+        if counts.get(request_key(self.waiting.next_up(counts)), 0):
+            return
+        key, num = counts.most_common(1)[0]
+        if num < 2:
+            return  # one sequence each: nothing fairer to make
+        victim = next(s for s in reversed(self.running) if request_key(s) == key)
+        self._preempt(victim)
+        batch.num_preempted += 1

@@ -37,6 +37,9 @@ class Sequence:
     # the scheduler's loop slower: rill bench scheduler's schedule() of 256 decodes, 70 -> 81 us).
     mm_items: tuple = ()
     mrope = None
+    # A pooling request's rill.engine.pooling.Pooler (prefill only, /v1/embeddings): a class default
+    # for the same reason.
+    pooler = None
 
     def __init__(
         self,

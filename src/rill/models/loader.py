@@ -80,8 +80,10 @@ class _Checkpoint:
 
 
 # Where a checkpoint keeps the decoder: causal LMs under "model.", Gemma 3's multimodal checkpoints
-# (Gemma3ForConditionalGeneration, whose text part rill loads) as transformers 5 and 4 save them.
-_TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+# (Gemma3ForConditionalGeneration, whose text part rill loads) as transformers 5 and 4 save them, and
+# at the top: embedding models ship the bare decoder (Qwen3-Embedding's Qwen3Model weights, no lm_head,
+# though its config.json names Qwen3ForCausalLM).
+_TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.", "")
 
 
 def _text_prefix(ckpt: _Checkpoint) -> str:
@@ -183,6 +185,10 @@ def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if name == "lm_head.weight" and _prefix(name, text_prefix) + name not in ckpt:
+            if text_prefix == "":  # a bare decoder, shipped to embed: its head is never used, so share
+                model.lm_head.weight = model.embed_tokens.weight  # the embeddings' memory
+                model.embedding_only = True
+                continue
             raise ModelLoadError(f"{model_dir}: 'lm_head.weight' missing and tie_word_embeddings is false")
         _load_param(param, name, ckpt, cfg, text_prefix)
     return model.eval()
