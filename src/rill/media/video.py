@@ -1,9 +1,9 @@
 """Video in: MP4/MOV, WebM/Matroska and AVI decoded by PyAV (FFmpeg), sampled at a requested rate.
 
 Two passes over the bytes. The first only demuxes (no decoding, cheap): it counts the video packets
-and reads their timestamps, so a video of too many frames or too long a duration (a small file of
-hours of black frames) is refused before any frame is decoded, and the duration is exact even
-where the header has none. The second decodes and keeps only the sampled frames, converted to RGB.
+and reads their timestamps, so a video of too many frames, too many pixels to decode (frames x
+width x height) or too long a duration (a small file of hours of black frames) is refused before
+any frame is decoded, and the duration is exact even where the header has none. The second decodes and keeps only the sampled frames, converted to RGB.
 
 Sampling: frame k is the frame on screen at t_k = k / fps (k = 0, 1, ... while t_k < duration), the
 latest frame whose time is <= t_k. When that gives more than `max_frames` frames, `max_frames` times
@@ -78,6 +78,7 @@ def decode_video(data: bytes, policy: MediaPolicy, *, fps: float, max_frames: in
     if not data:
         raise VideoError("the video is empty", param)
     probe = _guarded(lambda: _probe(data, policy, param), param)
+    _check_decoded_pixels(probe, policy, param)
     times, rate = sample_times(probe.duration_s, fps, min(max_frames, policy.max_video_frames))
     _check_sampled_pixels(len(times), probe, policy, param)
     frames = _guarded(lambda: _decode(data, probe, times, policy, param), param)
@@ -193,6 +194,14 @@ def _check_frame_size(width: int, height: int, policy: MediaPolicy, param: str |
     if width * height > policy.max_video_frame_pixels:
         raise VideoError(f"the video's frames are {width}x{height} = {width * height} pixels, past the limit of "
                          f"{policy.max_video_frame_pixels}", param)
+
+
+def _check_decoded_pixels(probe: _Probe, policy: MediaPolicy, param: str | None) -> None:
+    """The decoder's work, bounded before it starts: every frame is decoded, sampled or not."""
+    total = probe.num_packets * probe.width * probe.height
+    if total > policy.max_video_decoded_pixels:
+        raise VideoError(f"the video has {probe.num_packets} frames of {probe.width}x{probe.height}: {total} pixels "
+                         f"to decode, past the limit of {policy.max_video_decoded_pixels}", param)
 
 
 def _check_sampled_pixels(count: int, probe: _Probe, policy: MediaPolicy, param: str | None) -> None:

@@ -9,9 +9,17 @@ a 400 `invalid_request_error` with code `invalid_audio` and param `file`.
 
 Length cap: a few kilobytes of FLAC or Vorbis can hold hours of silence, so decoding stops at
 `max_seconds` of audio (default `DEFAULT_MAX_SECONDS`, 30 minutes) and says so instead of growing
-without bound. What decoding holds at most is max_seconds x rate x channels x 4 bytes, so rates above
-`MAX_SAMPLE_RATE` and more than `MAX_CHANNELS` channels are refused too: at the defaults a 48 kHz
-stereo file holds at most 0.7 GB while it is decoded, and 16 kHz mono of the same length is 0.12 GB.
+without bound. The header's rate and channels bound the decoder's work too: rates above
+`MAX_SAMPLE_RATE`, more than `MAX_CHANNELS` channels, and more than `MAX_DECODED_SAMPLES` samples
+(frames x channels: duration x rate x channels) are refused before a sample is decoded. A 184 KiB
+FLAC of 120 s of 192 kHz 8-channel silence decoded to 737 MB of float32 before this bound; now it
+is a 400.
+
+`load_audio` decodes a file in pieces of `PIECE_FRAMES` frames, each mixed to mono and resampled to
+16 kHz as it is read (soxr's streaming resampler gives the same samples as one call over the whole),
+so what it holds is the 16 kHz result (at most 115 MB at 30 minutes) plus one piece, whatever the
+file's rate and channels. `decode_audio` keeps the file's own rate and channels for callers that
+want them, within the same caps.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ SAMPLE_RATE = 16_000
 DEFAULT_MAX_SECONDS = 1800.0
 MAX_SAMPLE_RATE = 192_000  # the highest rate studio audio uses; speech needs 16 kHz
 MAX_CHANNELS = 8  # 7.1 surround
+MAX_DECODED_SAMPLES = 1800 * 48_000 * 2  # frames x channels of one file: 30 minutes of 48 kHz stereo
+PIECE_FRAMES = 1 << 16  # frames load_audio decodes at a time: 2 MiB of float32 at 8 channels
 _PCM16_SCALE = 32768.0  # int16 full scale: -32768 maps to -1.0, 32767 to just under 1.0
 
 
@@ -51,13 +61,57 @@ def decode_audio(data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS) -> tu
     with _open(data) as sound:
         _check_header(sound, max_seconds)
         max_frames = _max_frames(max_seconds, sound.samplerate)
+        max_read = min(max_frames, MAX_DECODED_SAMPLES // sound.channels)  # a header may underestimate
         # One frame past the cap tells "exactly at the limit" from "over it" without a second read.
-        samples = _read(sound, max_frames + 1)
+        samples = _read(sound, max_read + 1)
         sample_rate = sound.samplerate
-    if len(samples) > max_frames:
-        raise _too_long(max_seconds)
+    if len(samples) > max_read:
+        raise _too_long(max_seconds) if max_read == max_frames else _too_many_samples()
     _check_samples(samples)
     return samples, sample_rate
+
+
+def decode_audio_16k(data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
+    """Decode an encoded file's bytes to 16 kHz mono float32 in pieces; returns (samples, the file's rate).
+
+    Each piece of PIECE_FRAMES frames is mixed to mono and resampled before the next is read, so the
+    file's full-rate, many-channel samples are never held at once (see the module's docstring).
+    """
+    if not data:
+        raise AudioError("the audio file is empty")
+    with _open(data) as sound:
+        _check_header(sound, max_seconds)
+        pieces = list(_mono_16k_pieces(sound, max_seconds))
+        sample_rate = sound.samplerate
+    mono = np.concatenate(pieces)
+    if mono.size == 0:  # e.g. one frame at 48 kHz is a third of a sample at 16 kHz
+        raise AudioError(f"the audio is shorter than one sample at {SAMPLE_RATE} Hz")
+    return mono, sample_rate
+
+
+def _mono_16k_pieces(sound: sf.SoundFile, max_seconds: float):
+    """16 kHz mono float32 arrays, one per piece read; the last is read short (or empty) at the end.
+    The caps are checked again as pieces arrive: some headers only estimate their frame count."""
+    resampler = None
+    if sound.samplerate != SAMPLE_RATE:
+        resampler = soxr.ResampleStream(sound.samplerate, SAMPLE_RATE, 1, dtype="float32")
+    max_frames = min(_max_frames(max_seconds, sound.samplerate), MAX_DECODED_SAMPLES // sound.channels)
+    num_frames = 0
+    while True:
+        piece = _read(sound, PIECE_FRAMES)
+        num_frames += len(piece)
+        if num_frames > max_frames:
+            raise _too_long(max_seconds) if num_frames > _max_frames(max_seconds, sound.samplerate) else \
+                _too_many_samples()
+        last = len(piece) < PIECE_FRAMES
+        if num_frames == 0:
+            raise AudioError("the audio has no samples")
+        if not np.isfinite(piece).all():
+            raise AudioError("the audio contains NaN or infinite samples")
+        mono = np.ascontiguousarray(piece.mean(axis=1) if sound.channels > 1 else piece[:, 0], dtype=np.float32)
+        yield mono if resampler is None else resampler.resample_chunk(mono, last=last)
+        if last:
+            return
 
 
 def pcm16_to_float(data: bytes) -> np.ndarray:
@@ -105,12 +159,12 @@ def load_audio(
     if isinstance(source, (str, os.PathLike)):
         source = Path(source).read_bytes()
     if isinstance(source, (bytes, bytearray, memoryview)):
-        samples, file_rate = decode_audio(bytes(source), max_seconds=max_seconds)
+        mono, file_rate = decode_audio_16k(bytes(source), max_seconds=max_seconds)
         if sample_rate is not None and sample_rate != file_rate:
             raise AudioError(
                 f"sample_rate={sample_rate} was given but the file says {file_rate} Hz; leave sample_rate unset "
                 "for files", param="sample_rate")
-        return to_mono_16k(samples, file_rate)
+        return mono
     raise AudioError(f"audio must be a path, the bytes of an audio file or a numpy array, got {_describe(source)}")
 
 
@@ -154,6 +208,10 @@ def _check_header(sound: sf.SoundFile, max_seconds: float) -> None:
     # frames is exact for PCM containers and an estimate for some compressed ones; the capped read decides.
     if sound.frames > _max_frames(max_seconds, sound.samplerate):
         raise _too_long(max_seconds)
+    if sound.frames * sound.channels > MAX_DECODED_SAMPLES:
+        raise AudioError(f"the audio holds {sound.frames} frames of {sound.channels} channels at "
+                         f"{sound.samplerate} Hz: {sound.frames * sound.channels} samples, past the limit of "
+                         f"{MAX_DECODED_SAMPLES} (30 minutes of 48 kHz stereo)")
 
 
 def _check_samples(samples: np.ndarray) -> None:
@@ -184,6 +242,11 @@ def _max_frames(max_seconds: float, sample_rate: int) -> int:
 
 def _too_long(max_seconds: float) -> AudioError:
     return AudioError(f"the audio is longer than the limit of {max_seconds:g} s (max_seconds)")
+
+
+def _too_many_samples() -> AudioError:
+    return AudioError(f"the audio holds more than {MAX_DECODED_SAMPLES} samples (frames x channels; 30 minutes "
+                      "of 48 kHz stereo)")
 
 
 def _describe(value: object) -> str:
