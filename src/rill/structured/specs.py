@@ -144,6 +144,8 @@ def _json_grammar(schema: dict[str, Any], param: str) -> str:
 
 def _checked_schema(schema: dict[str, Any], param: str) -> dict[str, Any]:
     """Check a schema alone before it is embedded in a larger grammar, so that an error names it."""
+    if not isinstance(schema.get("x-guidance", {}), dict):  # _with_options merges rill's settings into it
+        raise ValidationError(f"{param} is not a schema rill can enforce: x-guidance must be an object", param=param)
     message = _grammar_error(_json_grammar(schema, param))
     if message:
         raise ValidationError(f"{param} is not a schema rill can enforce: {message}", param=param)
