@@ -49,6 +49,7 @@ from rill.sessions import SessionManager, StreamingInputConfig
 from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
 from rill.transports import hypercorn_ws
 from rill.transports.api_keys import OPEN_PATHS, bearer_matches
+from rill.transports.cross_site import CrossSitePolicy, guard
 from rill.transports.keepalive import keep_alive_safe
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
@@ -100,6 +101,10 @@ class ServerConfig:
     live_video: LiveVideoConfig = field(default_factory=LiveVideoConfig)  # frame streams (rill.live_video)
     # behind a load balancer (rill.scaling): session and stored-response ids start with "NAME."
     replica_id: str | None = None
+    # web pages against a keyless server (rill.transports.cross_site): names besides IP literals and
+    # localhost that the Host header may carry; origins that may call it, with CORS (none by default)
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -127,6 +132,8 @@ class ServerConfig:
             limit_mm_per_prompt=parse_limits(env("RILL_LIMIT_MM_PER_PROMPT", "")),
             live_video=LiveVideoConfig.from_env(),
             replica_id=env("RILL_REPLICA_ID") or None,
+            allowed_hosts=_names(env("RILL_ALLOWED_HOSTS", "")),
+            allowed_origins=_names(env("RILL_ALLOWED_ORIGINS", "")),
         )
 
     def serving_options(self, served_model_names: list[str] | None = None) -> ServingOptions:
@@ -135,6 +142,10 @@ class ServerConfig:
         return ServingOptions(names, self.tool_call_parser, self.reasoning_parser,
                               self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""),
                               self.live_video)
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
 def _parser_option(value: str) -> str | None:
@@ -156,6 +167,8 @@ class AppState:
         attach_streaming_input(self.sessions)
         self.metrics.attach_sessions(self.sessions)
         self.open_paths = OPEN_PATHS  # routes that need no API key; the web page's files join them
+        self.cross_site = CrossSitePolicy.make(api_key=server.api_key, allowed_hosts=server.allowed_hosts,
+                                               allowed_origins=server.allowed_origins)
 
     @property
     def serving(self) -> Serving | None:
@@ -199,9 +212,11 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     each by name, the first by default; otherwise open one from `config` (default: RILL_MODEL or rill-tiny).
     `speech` (an AsyncSpeechEngine its caller runs) serves /v1/audio/transcriptions; None: 404 there."""
     app = QuartTrio("rill")
-    app.asgi_app = keep_alive_safe(app.asgi_app)  # hypercorn's trio worker: see rill.transports.keepalive
     hypercorn_ws.install()  # keepalive that ends with the WebSocket and closes dead peers; no deflate
     state = AppState(server or ServerConfig.from_env(), num_models=len(models or ()) or 1)
+    # Host, Origin and CORS first: a refusal is answered before anything reads (or waits for) the body; a
+    # body still coming then closes the connection (hypercorn), which no Quart task is left to cancel.
+    app.asgi_app = guard(keep_alive_safe(app.asgi_app), state.cross_site)
     # Streams last as long as generation does: no response timeout.
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None,
                       BODY_TIMEOUT=state.server.body_timeout_s)
@@ -212,6 +227,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.models,
                            lambda: state.speech.engine if state.speech is not None else None)
     state.metrics.attach_realtime(hub)
+    hub.cross_site = state.cross_site  # both WebSocket listeners check Host and Origin at the upgrade
     _install_streaming_input(app, state)
     _install_transcriptions(app, state, speech)
     _install_responses_store(app, state)

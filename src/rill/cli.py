@@ -102,6 +102,7 @@ def _cmd_serve(args) -> int:
     from rill.server import run
     from rill.sessions import config as streaming_input_config
     from rill.transports.http import ServerConfig
+    from rill.transports.cross_site import bind_names
     from rill.transports.realtime.driver import realtime_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -119,6 +120,8 @@ def _cmd_serve(args) -> int:
         media=media_policy.from_args(args),
         limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
         live_video=live_video_config.from_args(args),
+        allowed_hosts=(*(args.allowed_hosts or ()), *bind_names(args.host)),
+        allowed_origins=tuple(args.allowed_origins or ()),
     )
     models = served_models(engine_config(args), model_specs(args.model, args.models, os.environ.get("RILL_MODEL")),
                            args.served_model_name)
@@ -151,6 +154,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=_env("PORT", 8000, int), help="0: any free port")
     p.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--allowed-hosts", nargs="+", default=_env("ALLOWED_HOSTS", None, lambda v: v.split(",")),
+                   metavar="NAME", help="without --api-key: names the Host header may carry besides IP literals, "
+                   "localhost and --host (DNS rebinding; *: any) [RILL_ALLOWED_HOSTS, comma-separated]")
+    p.add_argument("--allowed-origins", nargs="+", default=_env("ALLOWED_ORIGINS", None, lambda v: v.split(",")),
+                   metavar="ORIGIN", help="web origins (https://app.example) that may call the server, with CORS; "
+                   "without --api-key other origins get 403 (default: none but the server's own page; *: any) "
+                   "[RILL_ALLOWED_ORIGINS, comma-separated]")
     p.add_argument("--no-web-ui", action="store_true", default=bool(_env("NO_WEB_UI", "")),
                    help="do not serve the web page at / (404 there) [RILL_NO_WEB_UI]")
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", None, int),

@@ -125,6 +125,7 @@ class RealtimeHub:
         self._get_speech = get_speech  # the AsyncSpeechEngine, or None: audio gets audio_not_supported
         self.num_connections = 0
         self.num_refused = 0
+        self.cross_site = None  # rill.transports.cross_site.CrossSitePolicy, set by create_app; None: no checks
 
     @property
     def models(self) -> ServedModels | None:
@@ -151,6 +152,9 @@ class RealtimeHub:
         return Handshake(Dialect.BETA if beta else Dialect.GA, _pick_subprotocol(subprotocols), query.get("model"))
 
     def _refusal(self, headers, subprotocols, query) -> Refusal | None:
+        refused = None if self.cross_site is None else self.cross_site.refusal("", headers)
+        if refused is not None:  # a web page on another origin, or a rebound name (DNS rebinding)
+            return Refusal(refused.status, refused.code, refused.message)
         if not self._authorized(headers, subprotocols):
             return Refusal(401, "invalid_api_key", "a valid API key is required: send 'Authorization: Bearer <key>' "
                            f"or the subprotocol '{INSECURE_KEY_PROTOCOL}<key>'")

@@ -34,6 +34,8 @@ async def serve_ws(hub: RealtimeHub, host: str, port: int, *, stop: trio.Event |
 
 async def _handle(hub: RealtimeHub, request: WebSocketRequest) -> None:
     headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
+    # wsproto takes Host out of the headers trio-websocket shows; the Host check (DNS rebinding) needs it
+    headers["host"] = request._event.host
     query = dict(parse_qsl(urlsplit(request.path).query))
     admitted = hub.admit(headers, request.proposed_subprotocols, query)
     if isinstance(admitted, Refusal):
