@@ -1,6 +1,6 @@
-"""The docs site's runnable examples (issue 54): fenced blocks under docs/ marked with a `<!-- run -->` line
-just above them. A block that names http://127.0.0.1:8000 is run against a live server on another port; a
-fenced block right after it titled "Output" is what it must print.
+"""The docs' runnable examples (issue 54): fenced blocks in README.md and under docs/ marked with a
+`<!-- run -->` line just above them. A block that names http://127.0.0.1:8000 is run against a live server
+on another port; a fenced block right after it titled "Output" is what it must print.
 
     <!-- run -->
     ```python
@@ -47,7 +47,7 @@ class Example:
         return DOCS_URL in self.code or "127.0.0.1:8000" in self.code
 
     def __str__(self) -> str:
-        return f"docs/{self.page}:{self.line}"
+        return f"{os.path.normpath('docs/' + self.page)}:{self.line}"
 
 
 def _block(lines: list[str], start: int) -> tuple[str, str, str, int]:
@@ -62,8 +62,9 @@ def _block(lines: list[str], start: int) -> tuple[str, str, str, int]:
 
 
 def examples(docs: Path = DOCS) -> list[Example]:
+    """Every runnable block on the site's pages and in the README (paths relative to docs/)."""
     found = []
-    for path in sorted(docs.rglob("*.md")):
+    for path in [docs.parent / "README.md", *sorted(docs.rglob("*.md"))]:
         lines = path.read_text().split("\n")
         for i, line in enumerate(lines):
             if line.strip() != MARKER:
@@ -74,7 +75,7 @@ def examples(docs: Path = DOCS) -> list[Example]:
             output = None
             if after < len(lines) and FENCE.match(lines[after].strip()) and 'title="Output"' in lines[after]:
                 output = _block(lines, after)[2]
-            found.append(Example(path.relative_to(docs).as_posix(), i + 2, lang, code, output))
+            found.append(Example(os.path.relpath(path, docs), i + 2, lang, code, output))
     return found
 
 
