@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rill.bench.common import add_common_args, progress, resolve_model, save_plot
+from rill.bench.soak_hostile import HOSTILE_KINDS, HOLD_S, NORMAL_LATENCY_KINDS, Hostile, hostile_worker, percentiles
 from rill.bench.soak_traffic import KINDS, Traffic
 
 NAME = "soak"
@@ -61,6 +62,11 @@ def add_arguments(p) -> None:
     p.add_argument("--sample-s", type=float, default=2.0, help="RSS sampling interval (default 2)")
     p.add_argument("--settle-s", type=float, default=10.0,
                    help="after the session timeout, how long leaks may take to clear (default 10)")
+    p.add_argument("--hostile-workers", type=int, default=0,
+                   help="workers sending the hostile mix beside the normal traffic: slow readers, realtime "
+                        "leavers, fan-out, large bodies (rill.bench.soak_hostile; default 0: none)")
+    p.add_argument("--hostile-hold-s", type=float, default=HOLD_S,
+                   help=f"how long a slow reader keeps its stream without reading (default {HOLD_S:g})")
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -192,14 +198,19 @@ async def run_one(traffic: Traffic, kind: str, rng: random.Random, timeout_s: fl
     return outcome
 
 
-async def _worker(traffic: Traffic, tally: dict[str, Counter], rng: random.Random, end_s: float, timeout_s: float):
+async def _worker(traffic: Traffic, tally: dict[str, Counter], rng: random.Random, end_s: float, timeout_s: float,
+                  latencies: dict[str, list[float]]):
     import trio
 
     names = list(KINDS)
     weights = [KINDS[n][1] for n in names]
     while trio.current_time() < end_s:
         kind = rng.choices(names, weights)[0]
-        tally[kind][await run_one(traffic, kind, rng, timeout_s)] += 1
+        started = trio.current_time()
+        outcome = await run_one(traffic, kind, rng, timeout_s)
+        tally[kind][outcome] += 1
+        if outcome == "2xx":
+            latencies[kind].append(trio.current_time() - started)
 
 
 async def _sample(pid, series: list, tally: dict[str, Counter], start_s: float, args, bar) -> None:
@@ -241,15 +252,21 @@ async def soak(args, url: str, pid: int | None) -> dict:
             await run_one(traffic, kind, warm_rng, args.request_timeout_s)
         traffic.samples.clear()
         tally: dict[str, Counter] = {kind: Counter() for kind in KINDS}
+        hostile_tally: dict[str, Counter] = {kind: Counter() for kind in HOSTILE_KINDS}
+        latencies: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        hostile = Hostile(url, model, args.hostile_hold_s)
         series: list = []
         start_s = trio.current_time()
         with progress(total=int(duration_s), desc="soak (s)", disable=args.no_progress) as bar:
             async with trio.open_nursery() as outer:
                 outer.start_soon(_sample, pid, series, tally, start_s, args, bar)
+                for i in range(args.hostile_workers):  # cancelled with the sampler once the normal traffic ends
+                    outer.start_soon(hostile_worker, hostile, hostile_tally, random.Random(args.seed * 7000 + i),
+                                     start_s + duration_s, args.request_timeout_s)
                 async with trio.open_nursery() as workers:
                     for i in range(args.concurrency):
                         workers.start_soon(_worker, traffic, tally, random.Random(args.seed * 1000 + i + 1),
-                                           start_s + duration_s, args.request_timeout_s)
+                                           start_s + duration_s, args.request_timeout_s, latencies)
                 traffic_s = trio.current_time() - start_s
                 outer.cancel_scope.cancel()
         try:
@@ -259,7 +276,7 @@ async def soak(args, url: str, pid: int | None) -> dict:
             metrics, healthy = None, False
         series.append([round(trio.current_time() - start_s, 2), rss_mb(pid)])
     return {"model": model, "traffic_s": traffic_s, "tally": tally, "metrics": metrics, "rss_series": series,
-            "healthy": healthy, "problems": traffic.samples}
+            "healthy": healthy, "problems": traffic.samples, "hostile_tally": hostile_tally, "latencies": latencies}
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -302,9 +319,14 @@ def _result(args, out: dict, alive: bool, log: dict) -> dict:
         "engine": {k: metrics.get(f"rill_{k}_total") for k in ("requests_finished", "requests_aborted",
                                                                "generation_tokens", "prompt_tokens")},
         "server_alive": alive and out["healthy"], "server_log": log, "problems": out["problems"],
+        "hostile": {"workers": args.hostile_workers, "hold_s": args.hostile_hold_s,
+                    "by_kind": {k: dict(c) for k, c in out.get("hostile_tally", {}).items()}},
+        "latency_s": {k: percentiles(v) for k, v in out.get("latencies", {}).items()},
+        "normal_latency_s": percentiles([s for k in NORMAL_LATENCY_KINDS for s in out.get("latencies", {}).get(k, [])]),
     }
+    hostile_5xx = sum(c.get("5xx", 0) for c in result["hostile"]["by_kind"].values())
     result["passed"] = (result["num_5xx"] == 0 and result["server_5xx"] == 0 and result["num_leaked"] == 0
-                        and result["server_alive"])
+                        and result["server_alive"] and hostile_5xx == 0)
     return result
 
 
@@ -320,6 +342,13 @@ def summary(r: dict) -> str:
         lines.append(f"  {kind:16s} {sum(outcomes.values()):8d} " + " ".join(f"{row[c]:8d}" for c in cols))
     four = sorted((o, n) for o, n in r["by_outcome"].items() if o.startswith("4"))
     lines.append("  4xx by status: " + (", ".join(f"{o}: {n}" for o, n in four) or "none"))
+    if r["hostile"]["workers"]:
+        lines.append(f"hostile mix ({r['hostile']['workers']} workers): " + "; ".join(
+            f"{k} {dict(sorted(c.items()))}" for k, c in r["hostile"]["by_kind"].items()))
+    lat = r["normal_latency_s"]
+    if lat["n"]:
+        lines.append(f"normal requests ({', '.join(NORMAL_LATENCY_KINDS)}): {lat['n']}, latency p50 "
+                     f"{lat['p50'] * 1e3:.0f} ms, p99 {lat['p99'] * 1e3:.0f} ms, max {lat['max'] * 1e3:.0f} ms")
     rss = r["rss_mb"]
     if rss["start"] is not None:
         lines.append(f"RSS {rss['start']:.1f} MB after warm-up -> {rss['end']:.1f} MB at the end "
@@ -349,4 +378,9 @@ def plot(r: dict, path) -> None:
         rss.set_xlabel("seconds since the warm-up")
         rss.set_ylabel("server RSS (MB)")
 
-    save_plot(path, draw, ncols=2, title=f"rill bench soak: {r['model']}, {r['requests']} requests")
+    title = f"rill bench soak: {r['model']}, {r['requests']} requests"
+    if r["hostile"]["workers"]:
+        title += f" beside {r['hostile']['workers']} hostile workers"
+    if r["normal_latency_s"]["n"]:
+        title += f"; normal requests' p99 {r['normal_latency_s']['p99'] * 1e3:.0f} ms"
+    save_plot(path, draw, ncols=2, title=title)
