@@ -42,7 +42,9 @@ from rill.openai.requests import DetokenizeRequest, TokenizeRequest
 from rill.openai.responses_api.config import ResponsesConfig
 from rill.openai.chat_bodies import DetokenizeResponse, ModelList, TokenizeResponse
 from rill.openai.served_models import ServedModels
-from rill.openai.serving import Serving, ServingOptions, api_error, current_trace, decode_body
+from rill.openai.serving import (
+    MAX_SEQUENCES_PER_REQUEST, Serving, ServingOptions, api_error, current_trace, decode_body,
+)
 from rill.openai.streaming import attach as attach_streaming_input
 from rill.scaling.replica import id_prefix
 from rill.sessions import SessionManager, StreamingInputConfig
@@ -50,6 +52,8 @@ from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
 from rill.transports import hypercorn_ws
 from rill.transports.api_keys import OPEN_PATHS, bearer_matches
 from rill.transports.cross_site import CrossSitePolicy, guard
+from rill.transports.body_gate import BUDGET_KEY as BODY_BUDGET
+from rill.transports.body_gate import BodyBudget, GatedRequest
 from rill.transports.keepalive import keep_alive_safe
 from rill.transports.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rill.transports.metrics import Metrics
@@ -60,6 +64,7 @@ from rill.transports.web import install_web
 log = logging.getLogger("rill.server")
 
 MAX_BODY_BYTES = 16 << 20
+MAX_BODY_BYTES_IN_FLIGHT = 512 << 20
 KEEP_ALIVE_TIMEOUT_S = 20.0  # ServerConfig.keep_alive_timeout_s
 
 
@@ -70,6 +75,9 @@ class ServerConfig:
     api_key: str | None = None
     max_waiting: int | None = None
     max_body_bytes: int = MAX_BODY_BYTES
+    # All request bodies being read at once (transports/body_gate.py): past it, 503 at once
+    max_body_bytes_in_flight: int = MAX_BODY_BYTES_IN_FLIGHT
+    max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST  # prompts x n of one request; past it, 400
     served_model_names: list[str] = field(default_factory=list)
     tool_call_parser: str | None = "hermes"
     reasoning_parser: str | None = None
@@ -115,6 +123,8 @@ class ServerConfig:
             api_key=env("RILL_API_KEY") or None,
             max_waiting=int(waiting) if waiting else None,
             max_body_bytes=int(env("RILL_MAX_BODY_BYTES", MAX_BODY_BYTES)),
+            max_body_bytes_in_flight=int(env("RILL_MAX_BODY_BYTES_IN_FLIGHT", MAX_BODY_BYTES_IN_FLIGHT)),
+            max_sequences_per_request=int(env("RILL_MAX_SEQUENCES_PER_REQUEST", MAX_SEQUENCES_PER_REQUEST)),
             served_model_names=names.split(",") if names else [],
             tool_call_parser=_parser_option(env("RILL_TOOL_CALL_PARSER", "hermes")),
             reasoning_parser=_parser_option(env("RILL_REASONING_PARSER", "none")),
@@ -141,7 +151,7 @@ class ServerConfig:
         names = self.served_model_names if served_model_names is None else served_model_names
         return ServingOptions(names, self.tool_call_parser, self.reasoning_parser,
                               self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""),
-                              self.live_video)
+                              self.live_video, self.max_sequences_per_request)
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -221,6 +231,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None,
                       BODY_TIMEOUT=state.server.body_timeout_s)
     app.extensions["rill"] = state
+    app.request_class = GatedRequest  # bodies read when a handler asks, within a budget (transports/body_gate.py)
+    app.extensions[BODY_BUDGET] = BodyBudget(state.server.max_body_bytes_in_flight)
     app.register_blueprint(api)
     if state.server.web_ui:
         state.open_paths = OPEN_PATHS | install_web(app)
@@ -351,7 +363,7 @@ async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Resp
     try:
         body = await request.get_data()
         serving = _state().models.route_body(body)  # the model it names; the trace goes with it (ids are per process)
-        job = prepare(serving, trace, body)
+        job = await serving.prepare(prepare, trace, body)  # a large body off the trio thread
         if getattr(job, "media", None) is not None:
             await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here
         if job.request.stream:

@@ -108,6 +108,8 @@ def _cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = ServerConfig(
         api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight,
+        max_sequences_per_request=args.max_sequences_per_request,
         served_model_names=args.served_model_name or [],
         web_ui=not args.no_web_ui,
         tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
@@ -166,6 +168,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", None, int),
                    help="requests waiting for their first token before new ones get 429")
     p.add_argument("--max-body-bytes", type=int, default=_env("MAX_BODY_BYTES", 16 << 20, int))
+    p.add_argument("--max-body-bytes-in-flight", type=int, default=_env("MAX_BODY_BYTES_IN_FLIGHT", 512 << 20, int),
+                   help="request bodies being read at once, all connections together; a body past it gets 503 "
+                        "unread (default 512 MiB)")
+    p.add_argument("--max-sequences-per-request", type=int, default=_env("MAX_SEQUENCES_PER_REQUEST", 1024, int),
+                   help="sequences one request may create, prompts x n; past it, 400 (default 1024)")
     p.add_argument("--speech-model", default=_env("SPEECH_MODEL", "rill-tiny-speech"),
                    help="rill-tiny-speech (default; skipped with a log line when not in this build), a local "
                         "Whisper directory, or none: the model of /v1/audio/transcriptions")

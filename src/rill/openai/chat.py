@@ -80,7 +80,9 @@ def prepare_chat_request(serving: Serving, trace: RequestTrace, req: ChatComplet
     job = chat_job(serving, trace, req)
     media = serving.media_parts() if with_media else None
     messages = [message_dict(m, i, media) for i, m in enumerate(job.request.messages)]
-    job.prompt_ids = serving.tokenizer.encode(render_prompt(serving, job, messages), add_special_tokens=False)
+    text = render_prompt(serving, job, messages)
+    serving.check_prompt_text(text, "messages")
+    job.prompt_ids = serving.tokenizer.encode(text, add_special_tokens=False)
     job.media = media if media is not None and media.refs else None
     trace.num_prompt_tokens = len(job.prompt_ids)
     serving.check_fits(len(job.prompt_ids), job.params.max_tokens, "messages")
@@ -105,6 +107,7 @@ def chat_job(serving: Serving, trace: RequestTrace, req: ChatCompletionRequest) 
     model = serving.check_model(req.model)
     tools, forced = _tool_setup(serving, req)
     params = _sampling_params(serving, req)
+    serving.check_fan_out(1, params.n)
     params.grammar = serving.compile_grammar(_constraint(serving, req, forced))
     parse_tools = tools is not None and serving.options.tool_call_parser is not None
     return ChatJob(req, trace, model, [], params, parse_tools, forced, _echo(req), int(time.time()), tools)

@@ -44,6 +44,7 @@ class CompletionJob:
 def prepare_completion(serving: Serving, trace: RequestTrace, body: bytes) -> CompletionJob:
     req = decode_body(body, CompletionRequest)
     model, params = check_completion(serving, req)
+    serving.check_fan_out(num_prompts(req.prompt), params.n)  # before a prompt is tokenized
     prompts = prompt_token_ids(serving, req.prompt)
     trace.num_prompt_tokens = sum(map(len, prompts))
     for prompt in prompts:
@@ -73,6 +74,13 @@ def _check_supported(req: CompletionRequest) -> None:
         raise bad_request("max_tokens 0 asks for no output; it needs echo set to true", "max_tokens")
 
 
+def num_prompts(prompt) -> int:
+    """How many prompts a prompt field holds (one string or token list, or a list of them)."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
+
+
 def prompt_token_ids(serving: Serving, prompt) -> list[list[int]]:
     """str | list[str] | list[int] | list[list[int]] -> one id list per prompt."""
     if isinstance(prompt, str):
@@ -86,6 +94,8 @@ def prompt_token_ids(serving: Serving, prompt) -> list[list[int]]:
         prompt = [prompt]
     out = []
     for item in prompt:
+        if isinstance(item, str):
+            serving.check_prompt_text(item, "prompt")
         ids = serving.tokenizer.encode(item) if isinstance(item, str) else list(item)
         bad = [t for t in ids if not 0 <= t < serving.vocab_size]
         if bad:

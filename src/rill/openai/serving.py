@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import msgspec
+import trio
 
 from rill.errors import ValidationError
 from rill.live_video.config import LiveVideoConfig
@@ -25,6 +26,15 @@ from rill.structured import Grammar, GrammarCompiler, GrammarSpec
 log = logging.getLogger("rill.server")
 
 TOOL_CALL_PARSERS = ("hermes",)
+# Bodies past INLINE_BODY_BYTES are rendered and tokenized in a worker thread, at most
+# PREPARE_THREADS at once per model: a 4 MB prompt took 7 s on the trio thread, and /health,
+# every stream and realtime session waited. Smaller ones stay inline (no thread hop), so
+# they never queue behind a large one.
+INLINE_BODY_BYTES = 16 << 10
+PREPARE_THREADS = 2
+# Sequences one request may create (prompts x n). vLLM caps it too (VLLM_MAX_N_SEQUENCES, after
+# CVE-2026-34756): without a cap a 1 KB completions call of 100 prompts x n=256 queued 25,339 sequences.
+MAX_SEQUENCES_PER_REQUEST = 1024
 
 
 @dataclass
@@ -36,6 +46,7 @@ class ServingOptions:
     media: MediaPolicy = field(default_factory=MediaPolicy)  # image and video sources and limits (rill.media)
     limit_mm_per_prompt: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MM_LIMITS))
     live_video: LiveVideoConfig = field(default_factory=LiveVideoConfig)  # frame streams (rill.live_video)
+    max_sequences_per_request: int = MAX_SEQUENCES_PER_REQUEST  # prompts x n; past it, 400
 
 
 @dataclass
@@ -83,6 +94,13 @@ class Serving:
         self._grammars: GrammarCompiler | None = None
         self.mm_inputs = getattr(engine.core, "mm_inputs", None)  # a vision model's processor, else None
         self.live_video = LiveVideoStats()  # frame streams' counters, for /metrics
+        self.prepare_limiter = trio.CapacityLimiter(PREPARE_THREADS)
+
+    async def prepare(self, prepare: Callable, trace: RequestTrace, body: bytes):
+        """prepare(self, trace, body): validate, render and tokenize; a large body in a worker thread."""
+        if len(body) <= INLINE_BODY_BYTES:
+            return prepare(self, trace, body)
+        return await trio.to_thread.run_sync(prepare, self, trace, body, limiter=self.prepare_limiter)
 
     def media_parts(self):
         """A collector for one chat's images and videos (rill.openai.chat_media)."""
@@ -133,6 +151,14 @@ class Serving:
             raise ValidationError(f"n is {params.n}; this server runs at most {max_n} sequences at once "
                                   "(--max-num-seqs)", "n", "invalid_value")
 
+    def check_fan_out(self, num_prompts: int, n: int) -> None:
+        """400 when one request asks for more sequences than --max-sequences-per-request."""
+        limit = self.options.max_sequences_per_request
+        if num_prompts * n > limit:
+            raise bad_request(f"this request asks for {num_prompts} prompt(s) x n={n} = {num_prompts * n} sequences; "
+                              f"this server runs at most {limit} for one request (--max-sequences-per-request)",
+                              "n" if num_prompts == 1 else "prompt", "too_many_sequences")
+
     def compile_grammar(self, constraint: tuple[GrammarSpec, str] | None) -> Grammar | None:
         """The compiled grammar of a (spec, request field) pair, from the cache when it was seen before;
         a 400 naming the field when it cannot be enforced."""
@@ -144,6 +170,16 @@ class Serving:
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.engine.core.eos_token_ids)
         return self._grammars
+
+    def check_prompt_text(self, text: str, param: str) -> None:
+        """400 at once, before tokenizing, for a prompt text sure to be longer than the context
+        (rill.tokenizer.length_bound): tokenizing a 4 MB prompt costs seconds of CPU."""
+        bound = getattr(self.tokenizer, "token_count_bound", None)
+        num_tokens = 0 if bound is None else bound.at_least(text)
+        if num_tokens >= self.max_model_len:
+            raise bad_request(f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                              f"{len(text)} characters, so at least {num_tokens} tokens", param,
+                              "context_length_exceeded")
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None, prompt_param: str) -> None:
         try:

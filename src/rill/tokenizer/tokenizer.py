@@ -8,6 +8,7 @@ tokenizer_config.json names the special tokens, may re-flag added tokens, and ca
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from tokenizers import Tokenizer as Backend
 from rill.errors import ModelLoadError
 from rill.tokenizer.byte_pieces import byte_pieces
 from rill.tokenizer.chat_template import ChatTemplates, load_chat_templates, render_chat, select_template
+from rill.tokenizer.length_bound import TokenCountBound
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -27,6 +29,10 @@ SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"  # legacy; read only when th
 # The named special tokens of transformers' PreTrainedTokenizerBase, in its order.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+# Texts longer than this are encoded with the GIL released, so that a worker thread tokenizing a
+# multi-megabyte prompt does not stop the trio thread (encode_batch's rayon pool costs a little).
+LONG_TEXT_CHARS = 16 << 10
 
 Offsets = list[tuple[int, int]]  # per token: the (start, end) characters of the text it came from
 
@@ -73,7 +79,14 @@ class Tokenizer:
     # -- text <-> ids ---------------------------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > LONG_TEXT_CHARS:  # encode_batch releases the GIL (encode holds it: 22 s for 4 MB)
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @functools.cached_property
+    def token_count_bound(self) -> TokenCountBound:
+        """A lower bound on a text's tokens without tokenizing it (rill.tokenizer.length_bound)."""
+        return TokenCountBound.of(self._backend)
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], Offsets]:
         """Ids without special tokens, and where in text each came from (rill.tokenizer.incremental cuts there)."""
