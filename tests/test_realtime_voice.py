@@ -79,7 +79,7 @@ async def test_session_shows_server_vad_by_default_and_takes_both_update_forms(l
 
 
 @pytest.mark.parametrize("session,param", [
-    ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type"),
+    ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness"),
     ({"turn_detection": {"type": "server_vad", "threshold": 2}}, "session.turn_detection.threshold"),
     ({"audio": {"input": {"turn_detection": {"silence_duration_ms": 5}}}}, "session.turn_detection.silence_duration_ms"),
     ({"input_audio_transcription": {"model": "whisper-1"}}, "session.input_audio_transcription.model"),
@@ -119,7 +119,7 @@ async def test_server_vad_turn_is_transcribed_committed_and_answered(llm_dir, sp
         transcript = completed["transcript"]
         assert transcript == "".join(d["delta"] for d in deltas) and completed["item_id"] == item_id
         assert 1.0 < completed["usage"]["seconds"] < 3.5 and completed["usage"]["type"] == "duration"
-        (created,) = [e for e in of_type(events, "conversation.item.created") if e["item"]["role"] == "user"]
+        (created,) = [e for e in of_type(events, "conversation.item.added") if e["item"]["role"] == "user"]
         assert created["item"]["id"] == item_id
         assert created["item"]["content"] == [{"type": "input_audio", "transcript": transcript}]
         answer = "".join(d["delta"] for d in of_type(events, "response.output_text.delta"))
@@ -166,7 +166,7 @@ async def test_an_item_with_input_audio_is_transcribed_before_it_joins(llm_dir, 
         await client.send("response.create")  # waits for the item's transcript
         events = await client.until("response.done")
         assert not of_type(events, "error")
-        (created,) = [e for e in of_type(events, "conversation.item.created") if e["item"]["role"] == "user"]
+        (created,) = [e for e in of_type(events, "conversation.item.added") if e["item"]["role"] == "user"]
         (completed,) = of_type(events, "conversation.item.input_audio_transcription.completed")
         transcript = completed["transcript"]
         assert created["item"]["content"] == [{"type": "input_audio", "transcript": transcript}]  # no audio kept

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,11 +27,14 @@ from rill.openai.served_models import ServedModels
 from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.transports.api_keys import bearer_matches
+from rill.transports.realtime.audio_input import OPENAI_RATE_HZ, SUPPORTED_RATES_HZ
 from rill.transports.realtime.connection import DEFAULT_MAX_MESSAGE_BYTES, RealtimeConnection
 from rill.speech.live import SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta, TranscriptDone
 from rill.transports.realtime.events import RealtimeError, encode, error_event
+from rill.transports.realtime.model_names import is_openai_realtime_model
 from rill.transports.realtime.response import Dialect
 from rill.transports.realtime.speech_link import ItemTranscribed, LiveSpeechLink
+from rill.transports.realtime.turn_end import TurnEndScorer
 from rill.transports.realtime.video_link import VIDEO_EVENTS, VideoLink
 
 log = logging.getLogger("rill.realtime")
@@ -56,6 +60,11 @@ class RealtimeConfig:
     max_connections: int = 256  # both listeners together
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     ping_interval_s: float | None = 20.0  # None: no pings; a pong must come back within the interval
+    # an event the client does not take within this closes the connection (it stopped reading); None: no limit
+    send_timeout_s: float | None = 30.0
+    # PCM16's rate when a session does not name one: OpenAI's (24 kHz); a session opened vLLM's way
+    # (session.update with the model at the top level) reads 16 kHz, as vLLM does (conversation.Settings).
+    audio_rate_hz: int = OPENAI_RATE_HZ
 
     @classmethod
     def from_env(cls) -> RealtimeConfig:
@@ -67,6 +76,8 @@ class RealtimeConfig:
             max_connections=int(env("RILL_WS_MAX_CONNECTIONS", 256)),
             max_message_bytes=int(env("RILL_WS_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES)),
             ping_interval_s=None if ping in ("0", "none") else float(ping or 20.0),
+            send_timeout_s=float(env("RILL_SEND_TIMEOUT_S", 30.0)) or None,
+            audio_rate_hz=int(env("RILL_REALTIME_AUDIO_RATE_HZ", OPENAI_RATE_HZ)),
         )
 
 
@@ -85,12 +96,17 @@ def add_realtime_args(p: argparse.ArgumentParser) -> None:
                    help="larger client events get an error event [RILL_WS_MAX_MESSAGE_BYTES]")
     g.add_argument("--ws-ping-interval-s", type=float, default=env.ping_interval_s or 0.0,
                    help="server pings; a pong must come back within one interval (0: off) [RILL_WS_PING_INTERVAL_S]")
+    g.add_argument("--realtime-audio-rate-hz", type=int, default=env.audio_rate_hz, choices=SUPPORTED_RATES_HZ,
+                   help="the rate of PCM16 audio from sessions that name none: OpenAI's 24000 by default; sessions "
+                   "opened vLLM's way read 16000 [RILL_REALTIME_AUDIO_RATE_HZ]")
 
 
 def realtime_config(args: argparse.Namespace) -> RealtimeConfig:
     return RealtimeConfig(ws_port=args.ws_port, idle_timeout_s=args.ws_idle_timeout_s,
                           max_connections=args.ws_max_connections, max_message_bytes=args.ws_max_message_bytes,
-                          ping_interval_s=args.ws_ping_interval_s or None)
+                          ping_interval_s=args.ws_ping_interval_s or None,
+                          audio_rate_hz=args.realtime_audio_rate_hz,
+                          send_timeout_s=getattr(args, "send_timeout_s", 30.0) or None)  # rill serve --send-timeout-s
 
 
 @dataclass(frozen=True)
@@ -149,7 +165,10 @@ class RealtimeHub:
             log.info("realtime handshake refused: %d %s", refusal.status, refusal.code)
             return refusal
         beta = BETA_PROTOCOL in subprotocols or "realtime=v1" in headers.get("openai-beta", "")
-        return Handshake(Dialect.BETA if beta else Dialect.GA, _pick_subprotocol(subprotocols), query.get("model"))
+        model = query.get("model")
+        if is_openai_realtime_model(model) and model not in self.models.names:
+            model = None  # OpenAI's name: served by the default model (model_names)
+        return Handshake(Dialect.BETA if beta else Dialect.GA, _pick_subprotocol(subprotocols), model)
 
     def _refusal(self, headers, subprotocols, query) -> Refusal | None:
         refused = None if self.cross_site is None else self.cross_site.refusal("", headers)
@@ -165,7 +184,7 @@ class RealtimeHub:
             return Refusal(503, "too_many_connections", f"{self.num_connections} realtime connections are open "
                            f"(limit {self.config.max_connections}); retry shortly")
         model = query.get("model")
-        if model is not None and model not in models.names:
+        if model is not None and model not in models.names and not is_openai_realtime_model(model):
             return Refusal(404, "model_not_found", f"the model {model!r} does not exist; this server serves "
                            f"{models.names}")
         return None
@@ -257,13 +276,16 @@ async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Ha
         conn = RealtimeConnection(serving, ChannelEngineLink(serving.engine, nursery, send_inbox),
                                   dialect=handshake.dialect, model=handshake.model,
                                   max_message_bytes=config.max_message_bytes, speech=link,
+                                  audio_rate_hz=config.audio_rate_hz,
                                   video=VideoLink(nursery, send_inbox.clone()), serving_for=hub.models.serving_for)
+        if link is not None:
+            link.turn_end = TurnEndScorer(conn)  # semantic_vad asks the connection's chat model
         log.info("realtime connection %s opened (%d open)", conn.session_id, hub.num_connections)
         try:
             nursery.start_soon(_read_client, socket, send_inbox.clone(), link)
             if socket.can_ping and config.ping_interval_s:
                 nursery.start_soon(_keepalive, socket, config.ping_interval_s, nursery.cancel_scope)
-            await _serve(socket, conn, inbox, config.idle_timeout_s)
+            await _serve(_Sender(socket, config.send_timeout_s), conn, inbox, config.idle_timeout_s)
         except Exception:
             log.exception("realtime connection %s failed", conn.session_id)
             with trio.move_on_after(1.0, shield=True):
@@ -321,6 +343,28 @@ async def _send(socket: RealtimeSocket, events) -> bool:
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return False
     return True
+
+
+class _Sender:
+    """The socket, its sends bounded in time. A client that stops reading stalls the main loop, which
+    stops draining the inbox, so its requests' output and its own events back up: past `timeout_s` on
+    one event the client is taken as gone (what it was sent cannot be delivered) and the connection
+    ends, releasing its slot, its tasks and its conversation, and aborting its requests. (On
+    /v1/realtime hypercorn's write is bounded by the same timeout: transports/send_guard.py.)"""
+
+    def __init__(self, socket: RealtimeSocket, timeout_s: float | None):
+        self._socket, self._timeout_s = socket, timeout_s
+
+    async def send(self, text: str) -> None:
+        with trio.move_on_after(math.inf if self._timeout_s is None else self._timeout_s) as waited:
+            await self._socket.send(text)
+        if waited.cancelled_caught:
+            log.info("realtime client took no event for %.1f s: closing", self._timeout_s)
+            raise trio.BrokenResourceError("the client stopped reading")
+
+    async def close(self, code: int, reason: str) -> None:
+        with trio.move_on_after(math.inf if self._timeout_s is None else self._timeout_s):
+            await self._socket.close(code, reason)
 
 
 async def _keepalive(socket: RealtimeSocket, interval_s: float, scope: trio.CancelScope) -> None:

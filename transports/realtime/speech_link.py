@@ -4,7 +4,9 @@ running in the connection's nursery, whose events join the connection's inbox in
 `configure` replaces the recogniser (turn detection or transcription settings changed): audio the
 old one had not finished with is dropped, as a cleared buffer. `wait_for_room` is what the client
 reader awaits before it reads the next frame, so a client that sends audio faster than it can be
-recognised is held by WebSocket flow control instead of growing the server's memory.
+recognised is held by WebSocket flow control instead of growing the server's memory. `turn_end`
+(set by the driver once the connection exists: transports/realtime/turn_end.py) answers
+semantic_vad's end-of-turn question.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class LiveSpeechLink:
         self._live: LiveTranscriber | None = None
         self._scope: trio.CancelScope | None = None
         self._changed = trio.Event()
+        self.turn_end = None  # TurnEndScorer | None
 
     @property
     def live(self) -> LiveTranscriber | None:
@@ -51,11 +54,14 @@ class LiveSpeechLink:
             self._live.failed = True  # wakes a reader held by wait_for_room on the old recogniser
             self._live._signal_progress()
         send, recv = trio.open_memory_channel(math.inf)  # bounded by the passes and turns of one stream
-        self._live = LiveTranscriber(self.speech, config, send.send_nowait)
+        self._live = LiveTranscriber(self.speech, config, send.send_nowait, turn_end=self._turn_end)
         self._scope = trio.CancelScope()
         self._nursery.start_soon(self._run, self._live, self._scope, send, recv)
         self._changed.set()
         self._changed = trio.Event()
+
+    async def _turn_end(self, text: str) -> float | None:
+        return await self.turn_end(text) if self.turn_end is not None else None
 
     async def _run(self, live: LiveTranscriber, scope: trio.CancelScope, send, recv) -> None:
         with scope:

@@ -5,11 +5,13 @@
     rill bench throughput       output tokens/s: rill's continuous batching vs. transformers generate
     rill bench serve            concurrent streaming clients against a server: latency vs. concurrency
     rill bench structured       engine step time at batch 1/16/64 with and without a JSON schema constraint
+    rill bench tool-calls       decode tokens/s with and without the tool_choice "auto" grammar, and the calls it mends
     rill bench soak             minutes of mixed traffic against `rill serve`: no 5xx, no leaks, RSS growth
     rill bench scale            open sessions and concurrent SSE streams one process holds, memory per session
     rill bench transcribe       speech to text: rill vs. transformers and faster-whisper, real-time factor
     rill bench kv-memory        KV bytes of a 32k-token Gemma-3-shaped sequence: per-layer windows vs full attention
     rill bench voice            speech over /v1/realtime: transcript lag, end of speech to first token, streams
+    rill bench turn-detection   semantic_vad vs server_vad on spoken questions, whole and cut: false commits, latency
     rill bench vision           a picture + question: vision encoder images/s, requests/s vs. transformers
     rill bench live-video       frames streamed over /v1/realtime, a question at the end: first token vs. whole clip
     rill bench cpu-attention    one layer's CPU decode attention: rill's C kernel vs the torch reference
@@ -32,11 +34,15 @@ COMMANDS = {
     "throughput": ("throughput", "output tokens/s vs. Hugging Face transformers generate"),
     "serve": ("serve", "concurrent streaming clients against a server: TTFT, inter-token latency, tokens/s"),
     "structured": ("structured", "engine step time with and without a JSON schema constraint, rill-tiny"),
+    "tool-calls": ("tool_calls", "decode tokens/s with and without the tool_choice \"auto\" grammar over the Agents "
+                   "SDK's tools, rill-tiny at temperature 1.0; the calls each side got wrong"),
     "soak": ("soak", "minutes of mixed traffic against rill serve: errors by kind, 5xx, leaks, RSS growth"),
     "scale": ("scale", "10,000 open sessions and 1,000 concurrent SSE streams in one rill serve: memory, errors"),
     "transcribe": ("transcribe", "speech to text at batch 1 and 16 concurrent: rill, transformers, faster-whisper"),
     "kv-memory": ("kv_memory", "KV bytes one long sequence holds: per-layer windows vs full attention, no model"),
     "voice": ("voice", "spoken questions over /v1/realtime: transcript lag, first answer token, concurrent streams"),
+    "turn-detection": ("turn_detection", "semantic_vad vs server_vad on held-out spoken questions, whole and cut "
+                       "mid-phrase: false commits, end of speech to commit p50/p95"),
     "vision": ("vision", "a picture + question at 1 and 16 concurrent, and the vision encoder: rill vs. transformers"),
     "live-video": ("live_video", "a clip streamed at 2 fps over /v1/realtime, a question at its end: first token "
                    "vs. the whole clip in one request; frames/s sustained"),

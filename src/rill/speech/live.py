@@ -7,7 +7,9 @@
 
 `emit` gets, in order: `SpeechStarted` / `SpeechStopped` (server VAD), `TranscriptDelta` as words
 become final, `TranscriptDone` when a turn's transcript is complete (the VAD's end of speech, or a
-commit), and `SpeechFailed` if the speech engine fails.
+commit), and `SpeechFailed` if the speech engine fails. With semantic_vad (rill.speech.semantic_vad)
+a pause whose words sound finished ends the turn too: `turn_end` (the chat model's end-of-turn
+probability, asked of the engine) is awaited after the pause's final pass.
 
 How (rill.speech.vad, rill.speech.prefix_agreement):
 - Every appended piece is labelled by the VAD in a worker thread. Speech opens a segment (from
@@ -44,6 +46,7 @@ import trio
 from rill.errors import RillError
 from rill.speech.decoding import TranscribeParams
 from rill.speech.prefix_agreement import PrefixAgreement
+from rill.speech.semantic_vad import CHECK_PAUSE_MS, TurnEndScorer, ends_turn
 from rill.speech.vad import SAMPLE_RATE, Activity, TurnDetection, VadEvent, VoiceActivity, quietest_sample
 
 CUT_SEARCH_S = 1.5  # a full window is cut at its quietest frame within this much of its end
@@ -143,6 +146,13 @@ class _TurnEnd:
 
 
 @dataclass(frozen=True)
+class _TurnCheck:
+    """semantic_vad: after the pause's final pass, ask whether the words so far end the turn."""
+
+    speech_end: int  # the pause's start (stream index): the turn ends there if they do
+
+
+@dataclass(frozen=True)
 class _Mark:
     kind: str  # "commit" | "clear"
     final: bool = False
@@ -151,14 +161,17 @@ class _Mark:
 class LiveTranscriber:
     """One live stream's recogniser; `run` it in a nursery, feed it from the trio thread."""
 
-    def __init__(self, speech, config: LiveConfig, emit: Callable[[LiveEvent], None]):
+    def __init__(self, speech, config: LiveConfig, emit: Callable[[LiveEvent], None],
+                 turn_end: TurnEndScorer | None = None):
         self.speech = speech  # AsyncSpeechEngine
         self.config = config
         self._emit = emit
+        self._turn_end = turn_end  # semantic_vad's scorer (None: the cap of silence ends every turn)
         runtime = speech.core.runtime
         self._tokenizer = runtime.tokenizer
         self.window_samples = speech.core.features.config.n_samples
-        self._vad = VoiceActivity(config.turn_detection, config.pause_ms)
+        self._vad = VoiceActivity(config.turn_detection, self._pause_ms(config))
+        self._in_turn = False  # a turn was announced (SpeechStarted) and has not ended
         self._incoming: deque[np.ndarray | _Mark] = deque()
         self._num_incoming = 0
         self._ready, self._work, self._progress = trio.Event(), trio.Event(), trio.Event()
@@ -175,6 +188,15 @@ class LiveTranscriber:
         self.num_passes = 0
         self.num_final_passes = 0
         self.failed = False
+
+    @staticmethod
+    def _pause_ms(config: LiveConfig) -> int:
+        turn = config.turn_detection
+        return min(config.pause_ms, CHECK_PAUSE_MS) if turn is not None and turn.is_semantic else config.pause_ms
+
+    @property
+    def _semantic(self) -> bool:
+        return self.config.turn_detection is not None and self.config.turn_detection.is_semantic
 
     # -- trio side: non-blocking input ---------------------------------------------------------------
 
@@ -285,16 +307,25 @@ class LiveTranscriber:
             self._open_segment(event)
         elif kind is Activity.PAUSED:
             self._close_segment()
-        elif kind is Activity.SPEECH_STOPPED and self.config.turn_detection is not None:
-            self._emit(SpeechStopped(event.at_sample * 1000 // SAMPLE_RATE))
-            self._closed.append(_TurnEnd(final=False, by_commit=False))
+            if self._semantic and self._in_turn:
+                self._closed.append(_TurnCheck(event.at_sample))
+        elif kind is Activity.SPEECH_STOPPED and self.config.turn_detection is not None and self._in_turn:
+            self._stop_turn(event.at_sample)
+
+    def _stop_turn(self, speech_end: int) -> None:
+        """The detector's end of the turn: SpeechStopped now, the transcript once its passes are done."""
+        self._in_turn = False
+        self._emit(SpeechStopped(speech_end * 1000 // SAMPLE_RATE))
+        self._closed.append(_TurnEnd(final=False, by_commit=False))
 
     def _open_segment(self, event: VadEvent) -> None:
         pad, self._recent = self._recent, self._recent[:0]  # it ends where the onset was routed
         segment = _Segment(start=self._num_routed - len(pad))
         segment.add(pad.copy())
         self._open = segment
-        if event.kind is Activity.SPEECH_STARTED and self.config.turn_detection is not None:
+        # After a semantic end of turn the VAD still holds its turn (until the cap): speech then starts a new one.
+        if not self._in_turn and self.config.turn_detection is not None:
+            self._in_turn = True
             self._emit(SpeechStarted(segment.start * 1000 // SAMPLE_RATE))
 
     def _close_segment(self) -> None:
@@ -337,6 +368,8 @@ class LiveTranscriber:
     def _next_job(self):
         if self._closed:
             item = self._closed.popleft()
+            if isinstance(item, _TurnCheck):
+                return self._check_turn(item)
             return self._end_turn(item) if isinstance(item, _TurnEnd) else self._final_pass(item)
         segment = self._open
         if segment is None or segment.num_samples < self.config.min_interim_s * SAMPLE_RATE:
@@ -372,6 +405,22 @@ class LiveTranscriber:
         if generation == self._generation:
             self._turn_samples += len(audio)
             self._commit(segment.agreement.finish(text))
+
+    async def _check_turn(self, check: _TurnCheck) -> None:
+        """semantic_vad at a pause: the turn ends at the pause when its words sound finished and the
+        speaker is still silent once the model has answered; otherwise the cap (the VAD) ends it."""
+        text = "".join(self._turn_words).strip()
+        if not text or self._turn_end is None or not self._still_paused():
+            return
+        generation = self._generation
+        probability = await self._turn_end(text)
+        if generation == self._generation and self._still_paused() and ends_turn(
+                self.config.turn_detection.eagerness, probability):
+            self._stop_turn(check.speech_end)
+
+    def _still_paused(self) -> bool:
+        """No speech since the pause (no segment open) and the turn not yet ended."""
+        return self._in_turn and self._open is None
 
     async def _end_turn(self, end: _TurnEnd) -> None:
         text = "".join(self._turn_words).strip()

@@ -20,10 +20,13 @@ the turn may still go on. Pure and synchronous; rill.speech.live calls it off th
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 import msgspec
 import numpy as np
 import webrtcvad
+
+from rill.speech.semantic_vad import check_eagerness, max_wait_ms
 
 SAMPLE_RATE = 16_000
 FRAME_MS = 30
@@ -34,8 +37,13 @@ _PCM16 = 32767.0
 
 
 class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
-    """`turn_detection: {"type": "server_vad", ...}`; None in its place means manual commit."""
+    """`turn_detection: {"type": "server_vad", ...}`; None in its place means manual commit.
 
+    semantic_vad (rill.speech.semantic_vad) runs on the same VAD, with `silence_duration_ms` its
+    eagerness's cap: `TurnDetection.semantic(eagerness)`."""
+
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: str = "auto"  # semantic_vad: low, medium, high or auto
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -49,6 +57,16 @@ class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"prefix_padding_ms must be 0..10000, got {self.prefix_padding_ms}")
         if not FRAME_MS <= self.silence_duration_ms <= 10_000:
             raise ValueError(f"silence_duration_ms must be {FRAME_MS}..10000, got {self.silence_duration_ms}")
+        check_eagerness(self.eagerness)
+
+    @classmethod
+    def semantic(cls, eagerness: str = "auto", **flags) -> TurnDetection:
+        check_eagerness(eagerness)
+        return cls(type="semantic_vad", eagerness=eagerness, silence_duration_ms=max_wait_ms(eagerness), **flags)
+
+    @property
+    def is_semantic(self) -> bool:
+        return self.type == "semantic_vad"
 
 
 class Activity(enum.Enum):
