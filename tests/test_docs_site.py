@@ -55,3 +55,12 @@ def test_the_cli_reference_gives_each_flag_its_default_and_variable(cli_referenc
     assert "`256`" in row and "`RILL_MAX_NUM_SEQS`" in row
     row = next(line for line in cli_reference.splitlines() if line.startswith("| `--port`"))
     assert "`8000`" in row and "`RILL_PORT`" in row
+
+
+def test_the_readme_links_only_to_files_that_exist():
+    """mkdocs checks the site's links; the README sits outside the site, so its links are checked here."""
+    root = DOCS.parent
+    readme = (root / "README.md").read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if "://" not in t]
+    assert targets
+    assert [t for t in targets if t and not (root / t).exists()] == []
