@@ -88,7 +88,9 @@ def _rill_commands(code: str) -> list[list[str]] | None:
 
 def run(example: Example, url: str | None = None) -> str:
     """Run one example (against the server at `url` when it needs one) and return what it printed."""
-    code = example.code.replace(DOCS_URL, url).replace("127.0.0.1:8000", url.split("//")[1]) if url else example.code
+    code = example.code
+    if url:  # the page's address -> the live server's
+        code = code.replace(DOCS_URL, url).replace("127.0.0.1:8000", url.split("//")[1])
     if example.lang == "python":
         out = io.StringIO()
         with contextlib.redirect_stdout(out):

@@ -1,11 +1,11 @@
 """MkDocs hook: the `rill` command-line reference, generated from the CLI's own argparse parsers.
 
-A page that holds the marker line `<!-- rill-cli-reference -->` gets, in its place, one section per
-subcommand (`rill serve`, `rill bench throughput`, ...) with its usage and a table of its flags: each
-flag's default, its `RILL_*` environment variable where it has one, and its help. The parsers are built
-the way `rill` builds them, so the page cannot drift from the code. Environment variables are found by
-watching which `RILL_*` names the code reads while it defines each flag; the build runs with those
-variables cleared, so the defaults shown are the code's own.
+A page that holds the marker line `<!-- rill-cli-reference -->` (under a level-2 heading) gets, in its
+place, one level-3 section per subcommand (`rill serve`, then `rill bench throughput` a level below, ...)
+with its usage and a table of its flags: each flag's default, its `RILL_*` environment variable where it
+has one, and its help. The parsers are built the way `rill` builds them, so the page cannot drift from the
+code. Environment variables are found by watching which `RILL_*` names the code reads while it defines
+each flag; the build runs with those variables cleared, so the defaults shown are the code's own.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _section(title: str, parser, summary: str | None, depth: int) -> list[str]:
     if rows:
         lines += ["| flag | default | environment | what it does |", "|---|---|---|---|", *rows, ""]
     for name, sub, help_text in _subparsers(parser):
-        lines += _section(f"{title} {name}", sub, help_text, min(depth + 1, 4))
+        lines += _section(f"{title} {name}", sub, help_text, min(depth + 1, 6))
     return lines
 
 
@@ -165,10 +165,10 @@ def render() -> str:
         for name, sub, help_text in _subparsers(main):
             if name in cli.FORWARDED:
                 continue
-            lines += _section(f"rill {name}", sub, help_text, 2)
+            lines += _section(f"rill {name}", sub, help_text, 3)
         for name, module in cli.FORWARDED.items():
             parser = _capture_parser(module)
-            lines += _section(f"rill {name}", parser, parser.description and parser.description.split("\n")[0], 2)
+            lines += _section(f"rill {name}", parser, parser.description and parser.description.split("\n")[0], 3)
     return "\n".join(lines)
 
 
