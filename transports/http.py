@@ -6,6 +6,7 @@
     POST /v1/audio/transcriptions                 speech to text (transports/audio_http.py)
     POST /v1/responses                            OpenAI's Responses API (transports/responses_http.py)
     POST /v1/embeddings                           pooled hidden states (transports/embeddings_http.py)
+    POST /v1/messages, /v1/messages/count_tokens  Anthropic's Messages API (transports/anthropic_http.py)
     GET  /v1/models, /v1/models/{model}, /health, /metrics
     POST /tokenize, /detokenize
 
@@ -50,8 +51,10 @@ from rill.scaling.replica import id_prefix
 from rill.sessions import SessionManager, StreamingInputConfig
 from rill.sessions.ndjson import CONTENT_TYPE as NDJSON
 from rill.transports import hypercorn_ws
+from rill.anthropic.errors import authentication_error, key_matches
 from rill.transports.api_keys import OPEN_PATHS, bearer_matches
 from rill.transports.cross_site import CrossSitePolicy, guard
+from rill.transports.draining import Draining
 from rill.transports.body_gate import BUDGET_KEY as BODY_BUDGET
 from rill.transports.body_gate import BodyBudget, GatedRequest
 from rill.transports.keepalive import keep_alive_safe
@@ -64,6 +67,7 @@ from rill.transports.web import install_web
 log = logging.getLogger("rill.server")
 
 MAX_BODY_BYTES = 16 << 20
+ANTHROPIC_PATHS = ("/v1/messages",)  # their key may come as x-api-key (transports/anthropic_http.py)
 MAX_BODY_BYTES_IN_FLIGHT = 512 << 20
 KEEP_ALIVE_TIMEOUT_S = 20.0  # ServerConfig.keep_alive_timeout_s
 
@@ -97,6 +101,9 @@ class ServerConfig:
     body_timeout_s: float = 60.0
     max_header_bytes: int = 16 << 10
     read_timeout_s: float | None = None
+    # A client that stops reading: a write to it that takes longer than this closes its connection
+    # (its request is aborted as on a disconnect; transports/send_guard.py). None: no limit.
+    send_timeout_s: float | None = 30.0
     # Connections the kernel may hold for the accept loop: hypercorn's default of 100 made 256 clients
     # connecting at once get resets (the handshake's last ACK dropped while the queue was full, the
     # request then refused); 2048 is uvicorn's default. Linux caps it at net.core.somaxconn.
@@ -135,6 +142,7 @@ class ServerConfig:
             body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
             max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
+            send_timeout_s=send_timeout_option(env("RILL_SEND_TIMEOUT_S", "30")),
             backlog=int(env("RILL_BACKLOG", 2048)),
             max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
             responses=ResponsesConfig.from_env(),
@@ -152,6 +160,11 @@ class ServerConfig:
         return ServingOptions(names, self.tool_call_parser, self.reasoning_parser,
                               self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""),
                               self.live_video, self.max_sequences_per_request)
+
+
+def send_timeout_option(value: str | float) -> float | None:
+    """--send-timeout-s: 0 or none is no limit."""
+    return None if str(value).lower() in ("0", "0.0", "none") else float(value)
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -179,6 +192,7 @@ class AppState:
         self.open_paths = OPEN_PATHS  # routes that need no API key; the web page's files join them
         self.cross_site = CrossSitePolicy.make(api_key=server.api_key, allowed_hosts=server.allowed_hosts,
                                                allowed_origins=server.allowed_origins)
+        self.draining = Draining()  # SSE streams a shutdown ends with an error event (rill.server)
 
     @property
     def serving(self) -> Serving | None:
@@ -245,6 +259,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     _install_responses_store(app, state)
     _install_responses(app)
     _install_embeddings(app)
+    _install_anthropic(app)
     app.register_error_handler(HTTPException, _http_error)
     if models is not None:
         state.attach_models(models)
@@ -288,6 +303,12 @@ def _install_embeddings(app: QuartTrio) -> None:
     from rill.transports.embeddings_http import embeddings_api  # it imports this module
 
     app.register_blueprint(embeddings_api)
+
+
+def _install_anthropic(app: QuartTrio) -> None:
+    from rill.transports.anthropic_http import anthropic_api  # it imports this module
+
+    app.register_blueprint(anthropic_api)
 
 
 def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:
@@ -348,10 +369,20 @@ async def _authenticate() -> Response | None:
     key = _state().server.api_key
     if key is None or request.path in _state().open_paths:
         return None
+    if request.path.startswith(ANTHROPIC_PATHS):  # Anthropic's clients: x-api-key, or Bearer (SDK 2.x)
+        return _anthropic_auth(key)
     if bearer_matches(request.headers.get("Authorization", ""), key):
         return None
     return _error(ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key"))
+
+
+def _anthropic_auth(key: str) -> Response | None:
+    from rill.transports.anthropic_http import anthropic_error  # it imports this module
+
+    if key_matches(request.headers.get("x-api-key"), request.headers.get("Authorization"), key):
+        return None
+    return anthropic_error(authentication_error())
 
 
 # -- generation ------------------------------------------------------------------------------------------------
@@ -387,6 +418,7 @@ def _as_api_error(exc: Exception) -> ApiError:
 
 
 def _sse(frames) -> Response:
+    frames = _state().draining.frames(frames)  # a shutdown ends it with an error event (transports/draining.py)
     return Response(frames, content_type=sse.CONTENT_TYPE,
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
