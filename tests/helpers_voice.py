@@ -70,7 +70,8 @@ class VoiceServer:
 
 @asynccontextmanager
 async def voice_server(llm_dir, speech_dir, server: ServerConfig | None = None, **engine_kwargs):
-    server = server or ServerConfig(realtime=RealtimeConfig(ws_port=0))
+    # The tests speak 16 kHz PCM16 without naming the rate (the server's default is OpenAI's 24 kHz).
+    server = server or ServerConfig(realtime=RealtimeConfig(ws_port=0, audio_rate_hz=RATE))
     hyper = hypercorn_config("127.0.0.1", 0, 1.0, server)
     config = EngineConfig(model=str(llm_dir), **{"num_kv_blocks": 256, **engine_kwargs})
     async with open_engine(config) as engine, \

@@ -336,7 +336,7 @@ async def test_realtime_session_update_picks_the_model_before_the_conversation_s
             url = "data:image/png;base64," + png_b64(light_clip([True])[0])  # rill-tiny's connection refuses it
             await client.send("conversation.item.create", item={"type": "message", "role": "user",
                                                                 "content": [{"type": "input_image", "image_url": url}]})
-            assert (await client.until("conversation.item.created"))[-1]["item"]["content"][0]["type"] == "input_image"
+            assert (await client.until("conversation.item.added"))[-1]["item"]["content"][0]["type"] == "input_image"
             await client.send("session.update", session={"type": "realtime", "model": "rill-tiny"})
             error = (await client.until("error"))[-1]["error"]
             assert error["code"] == "invalid_value" and error["param"] == "session.model"

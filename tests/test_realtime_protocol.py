@@ -131,7 +131,7 @@ async def test_invalid_transitions_answer_errors_and_change_nothing(model_dir):
 @pytest.mark.parametrize("session, param, code", [
     ({"temperature": -1}, "session.temperature", "invalid_value"),
     ({"model": "gpt-4o"}, "model", "model_not_found"),
-    ({"modalities": ["audio"]}, "session.modalities", "invalid_value"),
+    ({"output_modalities": ["video"]}, "session.output_modalities", "invalid_value"),
     ({"tool_choice": "required"}, "session.tool_choice", "invalid_value"),
     ({"max_response_output_tokens": 0}, "session.max_response_output_tokens", "invalid_value"),
     ({"input_audio_format": {"type": "audio/pcm", "rate": 8000}}, "session.input_audio_format.rate", "invalid_value"),
@@ -142,6 +142,7 @@ async def test_session_update_is_validated_whole(model_dir, session, param, code
         before = h.conn.settings.__dict__.copy()
         error = h.error("session.update", session={"instructions": "changed", **session})
         assert (error.param, error.code) == (param, code)
+        assert error.message.endswith("(this session.update was not applied: nothing in it changed)")
         assert h.conn.settings.__dict__ == before
 
 
@@ -164,9 +165,11 @@ async def test_bad_items_are_refused(model_dir, item, param, code):
 async def test_items_insert_after_previous_item_id(model_dir):
     async with harness(model_dir) as h:
         def create(text, **where):
-            (event,) = h.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
+            added, done = h.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": text}]}, **where)
-            return event
+            assert (added.type, done.type) == ("conversation.item.added", "conversation.item.done")
+            assert done.item is added.item and done.previous_item_id == added.previous_item_id
+            return added
         a = create("a")
         b = create("b")
         assert b.previous_item_id == a.item.id
@@ -219,7 +222,7 @@ async def test_cancel_while_answering_a_chunk_keeps_the_text_and_frees_kv(model_
         await h.until("response.output_text.delta")
         assert h.conn.state is State.ANSWERING
         events = h.send("response.cancel")
-        assert events[0].type == "conversation.item.created"
+        assert events[0].type == "conversation.item.added"
         assert events[-1].type == "response.done" and events[-1].response.status == "cancelled"
         assert h.conn.state is State.IDLE
         assert h.conn.conversation.messages("") == [{"role": "user", "content": "Hello"}]

@@ -75,7 +75,8 @@ class RealtimeClient:
     async def say(self, text: str) -> None:
         await self.send("conversation.item.create",
                         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
-        assert (await self.recv())["type"] == "conversation.item.created"
+        assert (await self.recv())["type"] == "conversation.item.added"
+        assert (await self.recv())["type"] == "conversation.item.done"
 
     async def respond(self, **options) -> list[dict]:
         await self.send("response.create", **({"response": options} if options else {}))
@@ -133,14 +134,14 @@ async def test_text_conversation_answers_as_the_engine_does_and_keeps_state(mode
             await client.say("Hello there")
             first = await client.respond()
             types = [e["type"] for e in first]
-            assert types[:4] == ["response.created", "response.output_item.added", "conversation.item.created",
+            assert types[:4] == ["response.created", "response.output_item.added", "conversation.item.added",
                                  "response.content_part.added"]
-            assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                                  "response.output_item.done", "response.done"]
+            assert types[-5:] == ["response.output_text.done", "response.content_part.done",
+                                  "response.output_item.done", "conversation.item.done", "response.done"]
             done = first[-1]["response"]
             assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
             answer = text_of(first)
-            assert done["output"][0]["content"][0]["text"] == answer == first[-4]["text"]
+            assert done["output"][0]["content"][0]["text"] == answer == first[-5]["text"]
             history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
             assert answer == await engine_answer(server, history)
             usage = done["usage"]
@@ -191,8 +192,8 @@ async def test_response_create_commits_streamed_text_itself(model_dir, listener)
         await client.update(**GREEDY)
         await client.send("input_text_buffer.append", delta="Hi there, friend")
         events = await client.respond()
-        assert [e["type"] for e in events[:3]] == ["input_text_buffer.committed", "conversation.item.created",
-                                                   "response.created"]
+        assert [e["type"] for e in events[:4]] == ["input_text_buffer.committed", "conversation.item.added",
+                                                   "conversation.item.done", "response.created"]
         assert text_of(events) == await engine_answer(server, [{"role": "user", "content": "Hi there, friend"}])
 
 
@@ -206,8 +207,8 @@ async def test_input_during_a_response_waits_for_it_then_forms_the_next_turn(mod
         await client.send("input_text_buffer.commit")
         first = await client.until("response.done")
         assert first[-1]["response"]["status"] == "incomplete"  # ran to its limit: not interrupted
-        assert [(await client.recv())["type"] for _ in range(2)] == ["input_text_buffer.committed",
-                                                                     "conversation.item.created"]
+        assert [(await client.recv())["type"] for _ in range(3)] == ["input_text_buffer.committed",
+                                                                     "conversation.item.added", "conversation.item.done"]
         second = await client.respond(max_output_tokens=6)
         history = [{"role": "user", "content": "First question"}, {"role": "assistant", "content": text_of(first)},
                    {"role": "user", "content": "Second question"}]
@@ -231,8 +232,8 @@ async def test_respond_per_chunk_answers_each_chunk_and_new_input_interrupts_the
         await client.send("response.create", response={"max_output_tokens": 4})
         final = await client.until("response.done")
         assert final[-1]["response"]["status_details"]["reason"] == "turn_detected"  # the second interim answer
-        assert [e["type"] for e in await client.until("conversation.item.created")] == [
-            "input_text_buffer.committed", "conversation.item.created"]
+        assert [e["type"] for e in await client.until("conversation.item.added")] == [
+            "input_text_buffer.committed", "conversation.item.added"]
         final = await client.until("response.done")
         types = [e["type"] for e in final]
         done = final[-1]["response"]
@@ -486,7 +487,7 @@ async def test_connection_cap_covers_both_listeners(model_dir):
 async def test_unknown_model_in_the_url_is_refused(model_dir, listener):
     async with serve(model_dir) as server:
         with pytest.raises(ConnectionRejected) as rejected:
-            async with open_websocket_url(url_of(server, listener) + "?model=gpt-4o-realtime"):
+            async with open_websocket_url(url_of(server, listener) + "?model=no-such-model"):
                 pass
         assert rejected.value.status_code == 404
         async with connect(server, listener, path=f"?model={server.serving.model_names[0]}"):
@@ -549,9 +550,12 @@ async def test_neither_listener_accepts_permessage_deflate(model_dir, listener):
 async def test_beta_clients_get_beta_event_names(model_dir, listener):
     async with serve(model_dir) as server:
         async with connect(server, listener, extra_headers=[(b"openai-beta", b"realtime=v1")]) as client:
-            await client.say("hi")
+            await client.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "hi"}]})
+            assert (await client.recv())["type"] == "conversation.item.created"  # the beta's name
             types = {e["type"] for e in await client.respond(max_output_tokens=2)}
             assert "response.text.delta" in types and "response.output_text.delta" not in types
+            assert not types & {"conversation.item.added", "conversation.item.done"}  # GA's names
 
 
 async def test_rill_serve_runs_both_listeners_in_its_root_nursery_and_stops_them(model_dir):

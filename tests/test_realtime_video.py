@@ -129,7 +129,7 @@ async def test_streamed_frames_and_a_question_answer_as_the_whole_clip(model_dir
         await greedy(client)
         await stream(client, frames)
         events = await ask(client, FLASHES_QUESTION)
-        created = next(e for e in events if e["type"] == "conversation.item.created")
+        created = next(e for e in events if e["type"] == "conversation.item.added")
         assert [p["type"] for p in created["item"]["content"]] == ["input_video", "input_text"]
         assert created["item"]["content"][0]["num_frames"] == len(frames)
         assert text_of(events) == await whole_answer(server, frames, FLASHES_QUESTION, ANSWER)
@@ -172,7 +172,7 @@ async def test_input_image_item_answers_as_the_engine_with_the_picture(model_dir
         await client.send("conversation.item.create", item={
             "type": "message", "role": "user",
             "content": [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "What is red?"}]})
-        created = (await client.until("conversation.item.created"))[-1]
+        created = (await client.until("conversation.item.added"))[-1]
         assert [p["type"] for p in created["item"]["content"]] == ["input_image", "input_text"]
         assert "image_url" not in created["item"]["content"][0]  # processed, not echoed back
         events = await client.respond()
@@ -330,7 +330,7 @@ async def test_pictures_per_conversation_at_the_limit_and_past_it(model_dir, lis
         for url in urls[:2]:
             await client.send("conversation.item.create", item={"type": "message", "role": "user",
                                                                 "content": [{"type": "input_image", "image_url": url}]})
-            assert (await client.until("conversation.item.created"))[-1]["item"]["content"][0]["type"] == "input_image"
+            assert (await client.until("conversation.item.done"))[-1]["item"]["content"][0]["type"] == "input_image"
         await client.send("conversation.item.create", item={"type": "message", "role": "user",
                                                             "content": [{"type": "input_image", "image_url": urls[2]}]})
         error = await client.error()
@@ -347,7 +347,7 @@ async def test_an_item_inserted_before_the_streaming_message_reopens_it_with_its
         await stream(client, frames)
         await client.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Watch this."}]}, previous_item_id="root")
-        inserted = (await client.until("conversation.item.created"))[-1]
+        inserted = (await client.until("conversation.item.added"))[-1]
         assert inserted["previous_item_id"] is None  # first in the conversation, before the frames' message
         events = await ask(client, FLASHES_QUESTION)
         messages = [{"role": "user", "content": "Watch this."}, {"role": "user", "content": "Hello"},
@@ -397,7 +397,7 @@ async def test_text_typed_between_frames_during_an_answer_keeps_its_place_in_the
         done = started + await client.until("response.done")
         assert done[-1]["response"]["usage"]["output_tokens"] > 20  # long enough for the frames and text to come
         events = await ask(client, LAST_DIGIT_QUESTION)
-        created = next(e for e in events if e["type"] == "conversation.item.created")
+        created = next(e for e in events if e["type"] == "conversation.item.added")
         assert [(p["type"], p.get("text")) for p in created["item"]["content"]] == [
             ("input_video", None), ("input_text", "And then:"), ("input_video", None),
             ("input_text", LAST_DIGIT_QUESTION)]
@@ -416,7 +416,7 @@ async def test_frames_then_a_commit_during_an_answer_form_the_next_message(model
         await client.send("input_text_buffer.append", delta=LAST_DIGIT_QUESTION)
         await client.send("input_text_buffer.commit")
         done = started + await client.until("response.done")
-        committed = await client.until("conversation.item.created")  # once the answer is over
+        committed = await client.until("conversation.item.added")  # once the answer is over
         assert [p["type"] for p in committed[-1]["item"]["content"]] == ["input_video", "input_text"]
         events = await client.respond()
         history = [([first], FLASHES_QUESTION), text_of(done), ([during], LAST_DIGIT_QUESTION)]
@@ -434,12 +434,12 @@ async def test_truncation_keeps_the_pictures_of_the_turns_left_in_context(model_
     async with serve(model_dir) as server, connect(server, listener) as client:
         await greedy(client)
         await put_question(client, long_text(0))
-        await client.until("conversation.item.created")
+        await client.until("conversation.item.added")
         await client.respond()
         await client.send("conversation.item.create", item={
             "type": "message", "role": "user",
             "content": [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "What is red?"}]})
-        await client.until("conversation.item.created")
+        await client.until("conversation.item.added")
         seen = text_of(await client.respond())
         for piece in (long_text(1)[:900], long_text(1)[900:]):
             await client.send("input_text_buffer.append", delta=piece)

@@ -44,7 +44,7 @@ class Served:
 @pytest.mark.parametrize("listener", ["http", "raw"])
 async def test_frames_then_a_spoken_question_answer_as_the_clip_and_transcript(model_dir, speech_dir, listener):
     frames = light_clip([False, True, True, False, True, False])
-    config = ServerConfig(realtime=RealtimeConfig(ws_port=0), live_video=LiveVideoConfig(max_waiting_frames=64))
+    config = ServerConfig(realtime=RealtimeConfig(ws_port=0, audio_rate_hz=16_000), live_video=LiveVideoConfig(max_waiting_frames=64))
     async with voice_server(model_dir, speech_dir, config) as server, voice_client(server, listener) as client:
         await client.update(turn_detection=None, temperature=0, max_output_tokens=4)
         for i, frame in enumerate(frames):
@@ -56,7 +56,7 @@ async def test_frames_then_a_spoken_question_answer_as_the_clip_and_transcript(m
         assert events[-1]["content_index"] == 1  # the audio part follows the video part
         deltas = of_type(events, "conversation.item.input_audio_transcription.delta")
         assert deltas and {d["content_index"] for d in deltas} == {1}  # the deltas say so too
-        (created,) = [e for e in of_type(events, "conversation.item.created") if e["item"]["role"] == "user"]
+        (created,) = [e for e in of_type(events, "conversation.item.added") if e["item"]["role"] == "user"]
         assert [p["type"] for p in created["item"]["content"]] == ["input_video", "input_audio"]
         assert of_type(events, "input_audio_buffer.committed")
         await client.send("response.create")

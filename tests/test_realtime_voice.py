@@ -64,25 +64,24 @@ async def test_session_shows_server_vad_by_default_and_takes_both_update_forms(l
         ga = await client.update(type="realtime", audio={"input": {
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 800},
             "transcription": {"model": str(speech_dir), "language": "en"}}})
-        assert ga["turn_detection"] == {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
-                                        "silence_duration_ms": 800, "create_response": True,
-                                        "interrupt_response": True}
-        assert ga["audio"]["input"]["turn_detection"] == ga["turn_detection"]
+        assert ga["audio"]["input"]["turn_detection"] == {"type": "server_vad", "threshold": 0.5,
+                                                          "prefix_padding_ms": 300, "silence_duration_ms": 800,
+                                                          "create_response": True, "interrupt_response": True}
         assert ga["audio"]["input"]["transcription"] == {"model": str(speech_dir), "language": "en"}
+        assert "turn_detection" not in ga and "input_audio_transcription" not in ga  # the beta's places
         beta = await client.update(turn_detection=None, input_audio_transcription={"prompt": "arithmetic"})
-        assert beta["turn_detection"] is None and "turn_detection" not in beta["audio"]["input"] or \
-            beta["audio"]["input"]["turn_detection"] is None
-        assert beta["input_audio_transcription"] == {"model": str(speech_dir), "language": "en",
-                                                     "prompt": "arithmetic"}
+        assert beta["audio"]["input"]["turn_detection"] is None  # the beta form updates a GA session too
+        assert beta["audio"]["input"]["transcription"] == {"model": str(speech_dir), "language": "en",
+                                                           "prompt": "arithmetic"}
         kept = await client.update(instructions="Be brief.")  # left out: kept
-        assert kept["turn_detection"] is None
+        assert kept["audio"]["input"]["turn_detection"] is None
 
 
 @pytest.mark.parametrize("session,param", [
     ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness"),
     ({"turn_detection": {"type": "server_vad", "threshold": 2}}, "session.turn_detection.threshold"),
     ({"audio": {"input": {"turn_detection": {"silence_duration_ms": 5}}}}, "session.turn_detection.silence_duration_ms"),
-    ({"input_audio_transcription": {"model": "whisper-1"}}, "session.input_audio_transcription.model"),
+    ({"input_audio_transcription": {"model": "no-such-transcriber"}}, "session.input_audio_transcription.model"),
     ({"input_audio_transcription": {"language": "fr"}}, "language"),  # the test model is English-only
 ])
 async def test_bad_voice_settings_get_one_error_and_change_nothing(llm_dir, speech_dir, session, param):
@@ -90,8 +89,9 @@ async def test_bad_voice_settings_get_one_error_and_change_nothing(llm_dir, spee
         await client.send("session.update", session=session)
         error = (await client.recv())["error"]
         assert error["param"] == param, error
-        still = await client.update()
-        assert still["turn_detection"]["type"] == "server_vad" and still["turn_detection"]["threshold"] == 0.5
+        assert error["message"].endswith("(this session.update was not applied: nothing in it changed)")
+        still = (await client.update())["audio"]["input"]["turn_detection"]
+        assert still["type"] == "server_vad" and still["threshold"] == 0.5
 
 
 # -- turns ------------------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ async def test_server_vad_turn_is_transcribed_committed_and_answered(llm_dir, sp
         assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.committed") \
             < types.index("response.created")
         deltas = of_type(events, "conversation.item.input_audio_transcription.delta")
-        assert [d["delta"] for d in deltas] == [d["delta"] for d in of_type(events, "transcription.delta")]
+        assert not of_type(events, "transcription.delta")  # vLLM's event: for sessions opened vLLM's way only
         (completed,) = of_type(events, "conversation.item.input_audio_transcription.completed")
         transcript = completed["transcript"]
         assert transcript == "".join(d["delta"] for d in deltas) and completed["item_id"] == item_id

@@ -10,12 +10,15 @@ import time
 
 import numpy as np
 import pytest
+import soxr
 import trio
 
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread  # noqa: F401
 from helpers_voice import needs_espeak, pcm16_b64, silence, speak, voice_server
 from helpers_whisper import make_whisper_dir
+from rill.transports.http import ServerConfig
+from rill.transports.realtime.driver import RealtimeConfig
 
 openai = pytest.importorskip("openai")
 websockets_sync = pytest.importorskip("websockets.sync.client")
@@ -39,19 +42,24 @@ def turn_audio():
     return np.concatenate([silence(0.3), speak("What is twelve plus thirty?"), silence(1.0)])
 
 
-def pieces(audio: np.ndarray) -> list[str]:
-    step = int(CHUNK_S * 16_000)
+def pieces(audio: np.ndarray, rate_hz: int = 16_000) -> list[str]:
+    """`audio` (16 kHz) as base64 PCM16 pieces of CHUNK_S at `rate_hz`."""
+    if rate_hz != 16_000:
+        audio = soxr.resample(audio, 16_000, rate_hz).astype(np.float32)
+    step = int(CHUNK_S * rate_hz)
     return [pcm16_b64(audio[i:i + step]) for i in range(0, len(audio), step)]
 
 
 def sdk_voice_turn(client, model: str, audio: np.ndarray) -> list:
-    """Blocking: one spoken turn with server VAD through the SDK; every event up to response.done."""
+    """Blocking: one spoken turn with server VAD through the SDK, in OpenAI's audio format (PCM16 at 24 kHz,
+    as `audio/pcm`); every event up to response.done."""
     events = []
     with client.realtime.connect(model=model) as conn:
         conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 4,
-                                     "audio": {"input": {"turn_detection": {"type": "server_vad",
+                                     "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24_000},
+                                                         "turn_detection": {"type": "server_vad",
                                                                             "silence_duration_ms": 500}}}})
-        for piece in pieces(audio):
+        for piece in pieces(audio, 24_000):
             conn.input_audio_buffer.append(audio=piece)
             time.sleep(CHUNK_S)
         for event in conn:
@@ -64,7 +72,7 @@ def sdk_voice_turn(client, model: str, audio: np.ndarray) -> list:
 @pytest.mark.parametrize("listener", ["http", "raw"])
 async def test_openai_sdk_realtime_client_speaks_a_turn_and_gets_an_answer(llm_dir, speech_dir, turn_audio,
                                                                           listener):
-    async with voice_server(llm_dir, speech_dir) as server:
+    async with voice_server(llm_dir, speech_dir, ServerConfig(realtime=RealtimeConfig(ws_port=0))) as server:
         ws_base = server.ws_url + "/v1" if listener == "raw" else None
         client = openai.OpenAI(api_key="unused", base_url=server.url + "/v1", websocket_base_url=ws_base,
                                max_retries=0)
@@ -82,7 +90,10 @@ async def test_openai_sdk_realtime_client_speaks_a_turn_and_gets_an_answer(llm_d
     assert type(completed).__name__ == "ConversationItemInputAudioTranscriptionCompletedEvent"
     assert completed.transcript == "".join(
         e.delta for e in by_type["conversation.item.input_audio_transcription.delta"])
-    assert completed.usage.seconds > 1.0
+    # 24 kHz audio read at 24 kHz: speech ends where it was said (read at 16 kHz it would end 1.5x later)
+    spoken_end_ms = 1000 * (len(turn_audio) / 16_000 - 1.0)
+    end_ms = by_type["input_audio_buffer.speech_stopped"][0].audio_end_ms
+    assert abs(end_ms - spoken_end_ms) < 0.2 * spoken_end_ms, (end_ms, spoken_end_ms)
     (committed,) = by_type["input_audio_buffer.committed"]
     assert committed.item_id == completed.item_id == by_type["input_audio_buffer.speech_started"][0].item_id
     assert events[-1].response.usage.output_tokens == 4

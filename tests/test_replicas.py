@@ -251,7 +251,8 @@ async def test_a_realtime_conversation_runs_through_nginx(cluster):
         assert (await recv())["type"] == "session.created"
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Uppercase: hello world"}]}
         await ws.send_message(json.dumps({"type": "conversation.item.create", "item": item}))
-        assert (await recv())["type"] == "conversation.item.created"
+        assert (await recv())["type"] == "conversation.item.added"
+        assert (await recv())["type"] == "conversation.item.done"
         await ws.send_message(json.dumps({"type": "response.create", "response": {"temperature": 0}}))
         events = [await recv()]
         while events[-1]["type"] != "response.done":

@@ -21,6 +21,8 @@ from rill.transports.realtime.events import RealtimeError
 
 MODEL_RATE_HZ = 16_000
 SUPPORTED_RATES_HZ = (16_000, 24_000)
+OPENAI_RATE_HZ = 24_000  # `audio/pcm` (GA) and `pcm16` (beta) in OpenAI's Realtime API
+VLLM_RATE_HZ = 16_000  # vLLM's realtime clients send 16 kHz without naming a format
 _LOWPASS_TAPS = 31
 
 

@@ -23,16 +23,19 @@ from rill.openai.serving import Serving
 from rill.outputs import RequestDelta
 from rill.sampling_params import SamplingParams
 from rill.tokenizer import IncrementalEncoder
-from rill.transports.realtime.audio_input import AudioInput, AudioLimits, audio_front_end
+from rill.transports.realtime.audio_input import (
+    OPENAI_RATE_HZ, VLLM_RATE_HZ, AudioInput, AudioLimits, audio_front_end,
+)
 from rill.transports.realtime.conversation import (
     Conversation, Settings, as_realtime_error, check_client_item, user_text_item,
 )
 from rill.transports.realtime.events import (
-    ClientEvent, ConversationItemCreate, ConversationItemCreated, InputAudioBufferAppend, InputAudioBufferClear,
+    ClientEvent, ConversationItemCreate, ConversationItemDelete, ConversationItemDeleted, ConversationItemRetrieve,
+    ConversationItemRetrieved, ConversationItemTruncate, InputAudioBufferAppend, InputAudioBufferClear,
     InputAudioBufferCommit, InputTextBufferAppend, InputTextBufferCommit, InputVideoFrameAppend, InputVideoFrameCommit,
     InputAudioBufferCommitted, InputTextBufferCommitted, Item, RealtimeError, ResponseCancel, ResponseCreate,
-    ResponseOptions, RetentionRatio, ServerEvent, SessionConfig, SessionCreated, SessionUpdate, SessionUpdated,
-    StatusDetails, decode_client_event, error_event, new_id,
+    NOT_APPLIED, ResponseOptions, RetentionRatio, ServerEvent, SessionConfig, SessionCreated, SessionUpdate,
+    SessionUpdated, StatusDetails, decode_client_event, error_event, new_id,
 )
 from rill.transports.realtime import model_switch
 from rill.transports.realtime.model_switch import ServingFor
@@ -61,13 +64,14 @@ class RealtimeConnection:
     def __init__(self, serving: Serving, engine: EngineLink, *, dialect: Dialect = Dialect.GA,
                  model: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None, video=None,
-                 serving_for: ServingFor | None = None):
+                 serving_for: ServingFor | None = None, audio_rate_hz: int = OPENAI_RATE_HZ):
         self.serving, self.engine, self.dialect = serving, engine, dialect
         self.serving_for = serving_for  # another served model by name (session.update; see model_switch)
         self.max_message_bytes = max_message_bytes
         self.state = State.IDLE
         self.session_id, self.conversation_id = new_id("sess"), new_id("conv")
-        self.settings = Settings(model=serving.check_model(model))
+        self.settings = Settings(model=serving.check_model(model), audio_rate_hz=audio_rate_hz)
+        self.speaks_vllm = False  # opened vLLM's way: its transcription.* events, 16 kHz unless named
         self.conversation = Conversation()
         self.audio = AudioInput(speech if speech is not None else audio_front_end(serving.engine.core.model_config),
                                 audio_limits)
@@ -93,7 +97,7 @@ class RealtimeConnection:
     # -- events in, events out ----------------------------------------------------------------------------
 
     def start(self) -> list[ServerEvent]:
-        return [SessionCreated(session=self.settings.wire(self.session_id))]
+        return [SessionCreated(session=self.settings.wire(self.session_id, self.dialect is Dialect.GA))]
 
     def receive_message(self, data: str | bytes) -> list[ServerEvent]:
         """One client frame."""
@@ -126,8 +130,12 @@ class RealtimeConnection:
     def add_client_item(self, item: Item, previous_item_id: str | None) -> None:
         """A checked client item joins the conversation (after its audio is transcribed, if it had any)."""
         previous = self.conversation.add(item, previous_item_id)
-        self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+        self.item_added(item, previous)
         self._input_changed()
+
+    def item_added(self, item: Item, previous_item_id: str | None) -> None:
+        """Announce a complete item that joined the conversation, in the client's dialect."""
+        self._out += self.dialect.item_added(item, previous_item_id)
 
     # The seam for input modules (voice): emit, has_streamed_input, commit_spoken_text and the
     # public verbs below (append_text, commit_text, drop_input, create_response, interrupt).
@@ -220,10 +228,28 @@ class RealtimeConnection:
                 self.video.append_frame(event)
             case InputVideoFrameCommit():
                 self.video.commit(event)
+            case ConversationItemRetrieve():
+                self._out.append(ConversationItemRetrieved(item=self._find_item(event.item_id)))
+            case ConversationItemDelete():
+                self._item_delete(event.item_id)
+            case ConversationItemTruncate():
+                self._item_truncate(event)
 
     # -- session and conversation ---------------------------------------------------------------------------
 
     def _session_update(self, event: SessionUpdate) -> None:
+        try:
+            self._apply_session_update(event)
+        except Exception as exc:  # noqa: BLE001 - the error says the update was refused whole
+            error = as_realtime_error(exc)
+            error.message += NOT_APPLIED
+            raise error from exc
+
+    def _apply_session_update(self, event: SessionUpdate) -> None:
+        if event.session is None and event.model is not None:  # vLLM's shape: the model at the top level
+            self.speaks_vllm = True
+            if not self.settings.rate_named:
+                self.settings.audio_rate_hz = VLLM_RATE_HZ
         config = event.session or SessionConfig()
         config.model = config.model or event.model
         serving = model_switch.serving_named(self, config.model, self._speech_models)
@@ -237,7 +263,7 @@ class RealtimeConnection:
                 raise
         if serving is not self.serving:
             model_switch.use(self, serving)
-        self._out.append(SessionUpdated(session=self.settings.wire(self.session_id)))
+        self._out.append(SessionUpdated(session=self.settings.wire(self.session_id, self.dialect is Dialect.GA)))
         if self._prompt_shape() != before:
             self._input_changed()
 
@@ -254,6 +280,28 @@ class RealtimeConnection:
         if self.video.joins(item, event.previous_item_id):
             return  # the question about what the camera showed: it ends the message the frames are in
         self.add_client_item(item, event.previous_item_id)
+
+    def _find_item(self, item_id: str) -> Item:
+        item = self.conversation.find(item_id)
+        if item is None:
+            raise RealtimeError("item_not_found", f"the conversation has no item {item_id!r}", "item_id")
+        return item
+
+    def _item_delete(self, item_id: str) -> None:
+        item = self._find_item(item_id)
+        if self._response is not None and any(out is item for out in self._response.response.output):
+            raise RealtimeError("item_in_response", f"item {item_id!r} belongs to the response in progress; cancel "
+                                "it first", "item_id")
+        self.conversation.delete(item)
+        self._out.append(ConversationItemDeleted(item_id=item_id))
+        self._input_changed()
+
+    def _item_truncate(self, event: ConversationItemTruncate) -> None:
+        item = self._find_item(event.item_id)
+        if item.role != "assistant":
+            raise RealtimeError("invalid_value", "only an assistant message can be truncated", "item_id")
+        raise RealtimeError("invalid_value", f"item {event.item_id!r} has no audio to truncate: this server answers in "
+                            "text (output_modalities [\"text\"])", "content_index")
 
     def _input_changed(self) -> None:
         """The conversation or the prompt's shape changed under an open input session."""
@@ -536,7 +584,7 @@ class RealtimeConnection:
             spoken = any(part.type == "input_audio" for part in item.content)
             kind = InputAudioBufferCommitted if spoken else InputTextBufferCommitted
             self._out.append(kind(item_id=item.id, previous_item_id=previous))
-        self._out.append(ConversationItemCreated(item=item, previous_item_id=previous))
+        self.item_added(item, previous)
 
     # -- respond_per_chunk answers ------------------------------------------------------------------------------
 

@@ -15,10 +15,11 @@ from rill.openai.errors import ApiError
 from rill.openai.serving import Serving
 from rill.openai.forced_prefix import ForcedPrefix, call_start, split_forced_prefix
 from rill.sampling_params import SamplingParams
-from rill.transports.realtime.audio_input import MODEL_RATE_HZ, SUPPORTED_RATES_HZ
+from rill.transports.realtime.audio_input import OPENAI_RATE_HZ, SUPPORTED_RATES_HZ
+from rill.transports.realtime.model_names import is_openai_realtime_model
 from rill.transports.realtime.events import (
-    AudioFormat, AudioInput, AudioSettings, ContentPart, Item, RealtimeError, ResponseOptions, RetentionRatio, Session,
-    SessionConfig, Tool, ToolChoiceFunction, TranscriptionSettings, new_id,
+    AudioFormat, AudioInput, AudioSettings, ContentPart, GASession, GATranscriptionSession, Item, RealtimeError,
+    ResponseOptions, RetentionRatio, Session, SessionConfig, Tool, ToolChoiceFunction, TranscriptionSettings, new_id,
 )
 from rill.transports.realtime.voice_settings import (
     DEFAULT_TURN_DETECTION, TurnDetection, transcription_settings, turn_detection, turn_detection_wire,
@@ -53,7 +54,8 @@ class Settings:
     tool_choice: str | ToolChoiceFunction = "auto"
     output_mode: str = "respond_at_end"
     truncation: str | RetentionRatio = "auto"  # or "disabled": a conversation past the context is an error
-    audio_rate_hz: int = MODEL_RATE_HZ
+    audio_rate_hz: int = OPENAI_RATE_HZ  # the connection sets the server's default (RealtimeConfig)
+    rate_named: bool = False  # the client named the input format (a vLLM-style update then keeps it)
     session_type: str = "realtime"  # or "transcription": transcribe speech, answer nothing
     turn_detection: TurnDetection | None = DEFAULT_TURN_DETECTION  # None: turns end at input_audio_buffer.commit
     transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
@@ -86,8 +88,9 @@ class Settings:
         new = Settings(**self.__dict__)
         if config.model is not None and config.model in speech_models:
             new.session_type = "transcription"
-        elif config.model is not None:
-            new.model = serving.check_model(config.model)
+        elif config.model is not None and not (is_openai_realtime_model(config.model)
+                                               and config.model not in serving.model_names):
+            new.model = serving.check_model(config.model)  # OpenAI's own names: this model serves them
         new.session_type = config.type or new.session_type
         new.transcription = transcription_settings(config, new.transcription, speech_models)
         new.turn_detection = turn_detection(config, new.turn_detection)
@@ -100,7 +103,9 @@ class Settings:
         _check_modalities(config.output_modalities or config.modalities)
         _check_truncation(new.truncation)
         _check_tool_choice(new, serving)
-        new.audio_rate_hz = _audio_rate(config) or new.audio_rate_hz
+        rate = _audio_rate(config)
+        if rate is not None:
+            new.audio_rate_hz, new.rate_named = rate, True
         new.sampling_params(serving)  # validates temperature
         self.__dict__.update(new.__dict__)
 
@@ -142,18 +147,30 @@ class Settings:
                 return _token_limit(limit, "response.max_output_tokens")
         return self.max_output_tokens
 
-    def wire(self, session_id: str) -> Session:
+    def wire(self, session_id: str, ga: bool = True):
+        """The session as session.created / .updated report it: OpenAI's GA shape, or the beta's."""
+        audio = AudioSettings(AudioInput(AudioFormat("audio/pcm", self.audio_rate_hz), self.transcription,
+                                         turn_detection_wire(self.turn_detection)))
+        if ga and self.session_type == "transcription":
+            return GATranscriptionSession(id=session_id, audio=audio)
+        if ga:
+            return GASession(id=session_id, model=self.model, output_modalities=["text"], instructions=self.instructions,
+                             tools=self.tools, tool_choice=self.tool_choice, max_output_tokens=self._max_wire,
+                             truncation=self.truncation, audio=audio, output_mode=self.output_mode)
         return Session(
             id=session_id, model=self.model, instructions=self.instructions, modalities=["text"],
             output_modalities=["text"], input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),
             temperature=self.temperature, tools=self.tools, tool_choice=self.tool_choice,
-            max_response_output_tokens="inf" if self.max_output_tokens is None else self.max_output_tokens,
+            max_response_output_tokens=self._max_wire,
             output_mode=self.output_mode, truncation=self.truncation, type=self.session_type,
             turn_detection=turn_detection_wire(self.turn_detection),
             input_audio_transcription=self.transcription,
-            audio=AudioSettings(AudioInput(AudioFormat("audio/pcm", self.audio_rate_hz), self.transcription,
-                                           turn_detection_wire(self.turn_detection))),
+            audio=audio,
         )
+
+    @property
+    def _max_wire(self) -> int | str:
+        return "inf" if self.max_output_tokens is None else self.max_output_tokens
 
 
 def msgspec_dict(value, exclude: tuple[str, ...] = ()) -> dict:
@@ -190,16 +207,22 @@ def _check_tool_choice(settings: Settings, serving: Serving) -> None:
 
 
 def _check_modalities(modalities: list[str] | None) -> None:
-    if modalities is not None and "text" not in modalities:
-        raise RealtimeError("invalid_value", f"rill answers in text only; modalities {modalities} have no \"text\"",
-                            "session.modalities")
+    """rill answers in text: ["audio"] (the Agents SDK's default) is taken, and session.updated reports
+    the ["text"] it gets; a name that is no modality is an error."""
+    unknown = [m for m in modalities or () if m not in ("text", "audio")]
+    if unknown:
+        raise RealtimeError("invalid_value", f"output_modalities may hold \"text\" and \"audio\"; got {unknown}",
+                            "session.output_modalities")
 
 
 def _audio_rate(config: SessionConfig) -> int | None:
     fmt = config.input_audio_format
     if config.audio is not None and config.audio.input is not None:
         fmt = config.audio.input.format or fmt
-    rate = fmt.rate if isinstance(fmt, AudioFormat) else None
+    if fmt is None:
+        return None
+    rate = fmt.rate if isinstance(fmt, AudioFormat) else OPENAI_RATE_HZ  # beta's "pcm16" is 24 kHz
+    rate = OPENAI_RATE_HZ if rate is None else rate  # GA's audio/pcm is 24 kHz
     if rate is not None and rate not in SUPPORTED_RATES_HZ:
         raise RealtimeError("invalid_value", f"input audio must be PCM16 at {' or '.join(map(str, SUPPORTED_RATES_HZ))} "
                             f"Hz; got {rate}", "session.input_audio_format.rate")
@@ -239,6 +262,15 @@ class Conversation:
             self.start += 1
         return self.items[at - 1].id if at else None
 
+    def find(self, item_id: str) -> Item | None:
+        return next((item for item in self.items if item.id == item_id), None)
+
+    def delete(self, item: Item) -> None:
+        at = self.items.index(item)
+        del self.items[at]
+        if at < self.start:
+            self.start -= 1
+
     def _insert_at(self, previous_item_id: str | None) -> int:
         if previous_item_id is None:
             return len(self.items)
@@ -259,6 +291,8 @@ class Conversation:
         content = content or item_text
         out = [{"role": "system", "content": instructions}] if instructions else []
         for item in self.in_context:
+            if item.type == "message" and _heard_nothing(item):
+                continue  # a committed turn of silence: an item in the conversation, nothing for the model
             if item.type == "message":
                 out.append({"role": item.role, "content": content(item)})
             elif item.type == "function_call_output":
@@ -268,6 +302,11 @@ class Conversation:
                     out.append({"role": "assistant", "content": ""})
                 out[-1].setdefault("tool_calls", []).append(_tool_call(item))
         return out
+
+
+def _heard_nothing(item: Item) -> bool:
+    parts = item.content or []
+    return bool(parts) and all(p.type == "input_audio" and not p.transcript for p in parts)
 
 
 def _is_user_message(item: Item) -> bool:

@@ -20,6 +20,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(10)}"
 
 
+NOT_APPLIED = " (this session.update was not applied: nothing in it changed)"
+
+
 class RealtimeError(Exception):
     """A client event rill refuses; it becomes one `error` event and the connection goes on."""
 
@@ -113,8 +116,17 @@ class AudioInput(msgspec.Struct):
     turn_detection: TurnDetectionSettings | None | msgspec.UnsetType = msgspec.UNSET  # null: manual commit
 
 
-class AudioSettings(msgspec.Struct):
+class AudioOutput(msgspec.Struct, omit_defaults=True):
+    """audio.output (GA): accepted; rill answers in text until it speaks, and says so in output_modalities."""
+
+    format: dict | None = None  # {"type": "audio/pcm", "rate": 24000}, audio/pcmu, audio/pcma
+    voice: str | dict | None = None
+    speed: float | None = None
+
+
+class AudioSettings(msgspec.Struct, omit_defaults=True):
     input: AudioInput | None = None
+    output: AudioOutput | None = None
 
 
 class SessionConfig(msgspec.Struct, kw_only=True):
@@ -200,6 +212,20 @@ class ConversationItemCreate(ClientEvent, tag="conversation.item.create"):
     previous_item_id: str | None = None
 
 
+class ConversationItemRetrieve(ClientEvent, tag="conversation.item.retrieve"):
+    item_id: str
+
+
+class ConversationItemDelete(ClientEvent, tag="conversation.item.delete"):
+    item_id: str
+
+
+class ConversationItemTruncate(ClientEvent, tag="conversation.item.truncate"):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
 class ResponseCreate(ClientEvent, tag="response.create"):
     response: ResponseOptions | None = None
 
@@ -212,7 +238,8 @@ CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
     cls.__struct_config__.tag: cls
     for cls in (SessionUpdate, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
                 InputTextBufferAppend, InputTextBufferCommit, ConversationItemCreate, ResponseCreate,
-                ResponseCancel, InputVideoFrameAppend, InputVideoFrameCommit)
+                ResponseCancel, InputVideoFrameAppend, InputVideoFrameCommit, ConversationItemRetrieve,
+                ConversationItemDelete, ConversationItemTruncate)
 }
 
 
@@ -234,6 +261,8 @@ def decode_client_event(data: str) -> ClientEvent:
     except (msgspec.MsgspecError, RealtimeError) as exc:
         error = exc if isinstance(exc, RealtimeError) else _decode_error(exc)
         error.event_id = envelope.event_id
+        if envelope.type == "session.update":
+            error.message += NOT_APPLIED
         raise error from exc
 
 
@@ -301,12 +330,39 @@ class Session(msgspec.Struct, kw_only=True):
     audio: AudioSettings | None = None  # the GA shape of the three audio settings
 
 
+class GASession(msgspec.Struct, kw_only=True):
+    """The session as OpenAI's GA Realtime API reports it (RealtimeSessionCreateResponseGA), plus rill's
+    output_mode."""
+
+    type: str = "realtime"
+    object: str = "realtime.session"
+    id: str
+    model: str
+    output_modalities: list[str]
+    instructions: str
+    tools: list[Tool]
+    tool_choice: str | ToolChoiceFunction
+    max_output_tokens: int | Literal["inf"]
+    truncation: str | RetentionRatio
+    audio: AudioSettings
+    output_mode: str
+
+
+class GATranscriptionSession(msgspec.Struct, kw_only=True):
+    """A GA transcription session (RealtimeTranscriptionSessionCreateResponseGA)."""
+
+    type: str = "transcription"
+    object: str = "realtime.transcription_session"
+    id: str
+    audio: AudioSettings
+
+
 class SessionCreated(ServerEvent, tag="session.created"):
-    session: Session
+    session: object  # Session (beta), GASession or GATranscriptionSession
 
 
 class SessionUpdated(ServerEvent, tag="session.updated"):
-    session: Session
+    session: object
 
 
 class InputAudioBufferCommitted(ServerEvent, tag="input_audio_buffer.committed"):
@@ -323,8 +379,26 @@ class InputTextBufferCommitted(InputAudioBufferCommitted, tag="input_text_buffer
 
 
 class ConversationItemCreated(ServerEvent, tag="conversation.item.created"):
+    """The beta's name; GA clients get conversation.item.added, then .done once the item is complete."""
+
     item: Item
     previous_item_id: str | None = None
+
+
+class ConversationItemAdded(ConversationItemCreated, tag="conversation.item.added"):
+    pass
+
+
+class ConversationItemDone(ConversationItemCreated, tag="conversation.item.done"):
+    pass
+
+
+class ConversationItemRetrieved(ServerEvent, tag="conversation.item.retrieved"):
+    item: Item
+
+
+class ConversationItemDeleted(ServerEvent, tag="conversation.item.deleted"):
+    item_id: str
 
 
 class InputTokenDetails(msgspec.Struct):

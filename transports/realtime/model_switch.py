@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from rill.openai.serving import Serving
 from rill.transports.realtime.events import RealtimeError
+from rill.transports.realtime.model_names import is_openai_realtime_model
 from rill.transports.realtime.state import State
 
 ServingFor = Callable[[str], Serving]  # rill.openai.served_models.ServedModels.serving_for
@@ -22,7 +23,8 @@ ServingFor = Callable[[str], Serving]  # rill.openai.served_models.ServedModels.
 def serving_named(conn, name: str | None, speech_models: tuple[str, ...]) -> Serving:
     """The Serving a session.update's model names: the connection's own unless another served model
     is named (404 model_not_found as ServedModels says it for a name no model has)."""
-    if name is None or name in speech_models or name in conn.serving.model_names or conn.serving_for is None:
+    if (name is None or name in speech_models or name in conn.serving.model_names or conn.serving_for is None
+            or is_openai_realtime_model(name)):
         return conn.serving  # Settings.update checks the name against it, as with one model
     serving = conn.serving_for(name)
     if serving is not conn.serving and not is_fresh(conn):

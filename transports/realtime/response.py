@@ -16,7 +16,7 @@ import msgspec
 from rill.openai.tool_parser import ToolCallEvent, ToolCallStreamer, new_call_id
 from rill.outputs import RequestDelta
 from rill.transports.realtime.events import (
-    BetaTextDelta, BetaTextDone, ContentPart, ContentPartAdded, ContentPartDone, ConversationItemCreated,
+    BetaTextDelta, BetaTextDone, ContentPart, ContentPartAdded, ContentPartDone, ConversationItemAdded, ConversationItemCreated, ConversationItemDone,
     ErrorDetail, FunctionCallArgumentsDelta, FunctionCallArgumentsDone, InputTokenDetails, Item, OutputItemAdded,
     OutputItemDone, OutputTextDelta, OutputTextDone, OutputTokenDetails, Response, ResponseCreated, ResponseDone,
     ServerEvent, StatusDetails, Usage, new_id,
@@ -35,7 +35,19 @@ class Dialect(enum.Enum):
 
     @property
     def text_part(self) -> str:
+        """An assistant message item's text content: `output_text` in GA, `text` in the beta. (A
+        response.content_part event's part is `text` in both: the GA schema allows text or audio.)"""
         return "output_text" if self is Dialect.GA else "text"
+
+    def item_added(self, item: Item, previous_item_id: str | None, done: bool = True) -> list[ServerEvent]:
+        """An item joined the conversation: beta's conversation.item.created; GA's conversation.item.added,
+        and .done at once when the item is complete (a response's items are done when they close)."""
+        if self is Dialect.BETA:
+            return [ConversationItemCreated(item=item, previous_item_id=previous_item_id)]
+        events: list[ServerEvent] = [ConversationItemAdded(item=item, previous_item_id=previous_item_id)]
+        if done:
+            events.append(ConversationItemDone(item=item, previous_item_id=previous_item_id))
+        return events
 
 
 def end_status(delta: RequestDelta) -> tuple[str, StatusDetails | None]:
@@ -68,6 +80,7 @@ class ResponseStream:
         self._last: RequestDelta | None = None
         self._prefix = tool_prefix  # the forced start of a call, in the prompt: parsed with the first delta
         self._events: list[ServerEvent] = []
+        self._previous: dict[str, str | None] = {}  # in-band items: the item before each (conversation.item.done)
 
     def created(self) -> ResponseCreated:
         return ResponseCreated(response=msgspec.structs.replace(self.response, output=[]))
@@ -107,8 +120,8 @@ class ResponseStream:
         self.response.output.append(item)
         self._events.append(OutputItemAdded(response_id=self.id, output_index=index, item=snapshot))
         if self._add_item is not None:
-            previous = self._add_item(item)
-            self._events.append(ConversationItemCreated(item=snapshot, previous_item_id=previous))
+            self._previous[item.id] = previous = self._add_item(item)
+            self._events += self.dialect.item_added(snapshot, previous, done=False)
         return index
 
     def _content(self, text: str) -> None:
@@ -133,7 +146,7 @@ class ResponseStream:
                         role="assistant", content=[])
         index = self._open(self._message, snapshot)
         self._events.append(ContentPartAdded(response_id=self.id, item_id=item_id, output_index=index,
-                                             content_index=0, part=ContentPart(self.dialect.text_part, text="")))
+                                             content_index=0, part=ContentPart("text", text="")))
 
     def _call(self, call: ToolCallEvent) -> None:
         if call.name is not None:
@@ -157,11 +170,13 @@ class ResponseStream:
         if item.type == "message":
             part = item.content[0]
             self._events.append(self.dialect.text_events[1](**ids, content_index=0, text=part.text))
-            self._events.append(ContentPartDone(**ids, content_index=0, part=part))
+            self._events.append(ContentPartDone(**ids, content_index=0, part=ContentPart("text", text=part.text)))
         else:
             self._events.append(FunctionCallArgumentsDone(**ids, call_id=item.call_id, name=item.name,
                                                           arguments=item.arguments))
         self._events.append(OutputItemDone(response_id=self.id, output_index=index, item=item))
+        if self.dialect is Dialect.GA and item.id in self._previous:
+            self._events.append(ConversationItemDone(item=item, previous_item_id=self._previous[item.id]))
 
     def _usage(self) -> Usage:
         last = self._last

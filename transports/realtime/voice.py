@@ -32,7 +32,7 @@ from rill.transports.realtime.speech_link import ItemTranscribed
 from rill.speech.live import (LiveConfig, LiveEvent, SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta,
                               TranscriptDone)
 from rill.transports.realtime.events import (
-    ContentPart, ConversationItemCreated, ErrorDetail, InputAudioBufferCleared, InputAudioBufferCommitted, Item,
+    ContentPart, ErrorDetail, InputAudioBufferCleared, InputAudioBufferCommitted, Item,
     RealtimeError, error_event, new_id,
 )
 from rill.transports.realtime.state import State
@@ -52,6 +52,10 @@ class SpeechLink(Protocol):
     def commit(self, final: bool) -> None: ...
     def clear(self) -> None: ...
     def transcribe(self, item_id: str, samples_16k: np.ndarray, config: LiveConfig) -> None: ...  # a whole recording
+
+
+MIN_COMMIT_MS = 100  # as OpenAI's Realtime API: a shorter buffer cannot be committed
+MIN_COMMIT_SAMPLES = MIN_COMMIT_MS * MODEL_RATE_HZ // 1000
 
 
 def audio_item(item_id: str, transcript: str) -> Item:
@@ -93,10 +97,12 @@ class VoiceInput:
 
     def commit(self, final: bool) -> None:
         self._check_link()
-        if not self.num_uncommitted_samples and not final:
-            if self._transcribing_only:
-                return  # vLLM's clients commit once before any audio to start transcribing
-            raise RealtimeError("input_audio_buffer_commit_empty", "the input audio buffer holds no audio since the "
+        if not self.num_uncommitted_samples and not final and self._transcribing_only:
+            return  # vLLM's clients commit once before any audio to start transcribing
+        if self.num_uncommitted_samples < MIN_COMMIT_SAMPLES and not final:
+            held_ms = 1000 * self.num_uncommitted_samples / MODEL_RATE_HZ
+            raise RealtimeError("input_audio_buffer_commit_empty", f"buffer too small: a commit needs at least "
+                                f"{MIN_COMMIT_MS} ms of audio; the input audio buffer holds {held_ms:.2f} ms since the "
                                 "last commit")
         self.num_uncommitted_samples = 0
         self.num_pending_commits += 1
@@ -196,7 +202,8 @@ class VoiceInput:
         item_id = self._item()
         index = self.conn.video.audio_index()  # after the live video the words follow, as the committed item has it
         self.conn.emit(InputTranscriptionDelta(item_id=item_id, delta=text, content_index=index))
-        self.conn.emit(TranscriptionDelta(delta=text))
+        if self.conn.speaks_vllm:
+            self.conn.emit(TranscriptionDelta(delta=text))  # vLLM's event, for vLLM's clients only
         if not self._transcribing_only:
             if self.conn.state is State.COMMITTED:
                 self.conn.drop_input()  # an uncommitted-to answer: the new words make a new turn
@@ -207,9 +214,10 @@ class VoiceInput:
         text = event.text
         if text:
             self._heard.append(text)
-            self._commit_item(item_id, text)
-        self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text, content_index=self._audio_index(
-            item_id), usage=TranscriptUsage(round(event.audio_s, 3))))
+        if text or event.by_commit:  # a committed buffer of silence is an item too, with an empty transcript
+            self._commit_item(item_id, text)  # (a sound VAD heard that held no words makes no item)
+            self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text, content_index=self._audio_index(
+                item_id), usage=TranscriptUsage(round(event.audio_s, 3))))
         if event.final:
             self.conn.emit(TranscriptionDone(text=" ".join(self._heard)))
         if event.by_commit and self.num_pending_commits:
@@ -228,7 +236,7 @@ class VoiceInput:
             item = audio_item(item_id, text)
             previous = conn.conversation.add(item)
             conn.emit(InputAudioBufferCommitted(item_id=item_id, previous_item_id=previous))
-            conn.emit(ConversationItemCreated(item=item, previous_item_id=previous))
+            conn.item_added(item, previous)
             return
         conn.commit_spoken_text(audio_item(item_id, ""))  # the streamed words fill in its transcript
 

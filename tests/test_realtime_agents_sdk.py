@@ -1,0 +1,132 @@
+"""OpenAI's Agents SDK (`agents.realtime`) drives a realtime voice agent on rill, set up as its docs show:
+a RealtimeAgent with a @function_tool, run by RealtimeRunner with the model config's `url` pointed at
+rill and an API key of "none", every other setting the SDK's default. The SDK then sends its own
+session.update (model `gpt-realtime-2.1`, transcription `gpt-4o-mini-transcribe`, turn detection
+`semantic_vad`, output modalities ["audio"], PCM16 at 24 kHz) and validates every server event against
+its pydantic models; a validation failure reaches the session as an error event, which these tests
+count. rill serves rill-tiny and rill-tiny-speech: a typed question and a spoken one (espeak-ng at
+24 kHz) each call get_weather, the SDK runs it and sends the result, and rill-tiny answers from it.
+
+openai-agents comes with the `frameworks` extra, in its own venv (.ci/run: .venv-fw); without it the
+module skips. The SDK is asyncio, so it runs in a worker thread beside the trio server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import soxr
+import trio
+
+from helpers_server import one_torch_thread  # noqa: F401
+from helpers_voice import needs_espeak, silence, speak, voice_server
+from rill.speech.async_speech import speech_model_available
+from rill.transports.http import ServerConfig
+from rill.transports.realtime.driver import RealtimeConfig
+
+pytest.importorskip("agents.realtime", reason="openai-agents is not installed: the `frameworks` extra (.ci/run)")
+pytestmark = [needs_espeak, pytest.mark.skipif(not speech_model_available("rill-tiny-speech"),
+                                               reason="rill-tiny-speech is not in this build")]
+
+RESULT = {"temperature_c": 21, "condition": "sunny"}  # get_weather's result in rill-tiny's training
+TURN_TIMEOUT_S = 120
+
+
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    get_weather.cities.append(city)
+    return json.dumps(RESULT)
+
+
+def pcm16_24k(samples_16k: np.ndarray) -> bytes:
+    """What an OpenAI client sends: PCM16 little-endian at 24 kHz."""
+    samples = soxr.resample(samples_16k, 16_000, 24_000)
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def run_agent(url: str, audio: bytes | None) -> dict:
+    """Blocking: one user turn (typed, or `audio` sent as the SDK's send_audio sends it) until the agent has
+    called the tool and answered; what the session showed."""
+    from agents import function_tool, set_tracing_disabled
+    from agents.realtime import RealtimeAgent, RealtimeRunner
+
+    set_tracing_disabled(True)  # no trace export: nothing leaves 127.0.0.1
+
+    async def main() -> dict:
+        agent = RealtimeAgent(name="Assistant", instructions="You are a helpful assistant.",
+                              tools=[function_tool(get_weather)])
+        seen = {"errors": [], "server_events": [], "tool_ends": 0, "answer": None}
+        session = await RealtimeRunner(starting_agent=agent).run(model_config={"url": url, "api_key": "none"})
+        async with session:
+            await (session.send_message("What's the weather in Paris?") if audio is None
+                   else session.send_audio(audio))
+            async for event in session:
+                _record(seen, event)
+                if seen["answer"] is not None:
+                    break
+        return seen
+
+    return asyncio.run(asyncio.wait_for(main(), TURN_TIMEOUT_S))
+
+
+def _record(seen: dict, event) -> None:
+    if event.type == "error":
+        seen["errors"].append(str(event.error))
+    elif event.type == "raw_model_event" and event.data.type == "error":  # a server event the SDK refused
+        seen["errors"].append(str(event.data.error)[:2000])
+    elif event.type == "raw_model_event" and event.data.type == "raw_server_event":
+        seen["server_events"].append(event.data.data)
+    elif event.type == "tool_end":
+        seen["tool_ends"] += 1
+    data = event.data.data if event.type == "raw_model_event" and event.data.type == "raw_server_event" else {}
+    if data.get("type") == "response.done" and seen["tool_ends"]:
+        output = data["response"]["output"]
+        texts = [part.get("text") for item in output if item["type"] == "message" for part in item["content"]]
+        if texts:
+            seen["answer"] = "".join(t or "" for t in texts)
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls():
+    get_weather.cities = []
+
+
+def server_config() -> ServerConfig:
+    return ServerConfig(realtime=RealtimeConfig(ws_port=0))  # OpenAI's defaults: 24 kHz PCM16
+
+
+def check(seen: dict) -> None:
+    assert seen["errors"] == [], seen["errors"]
+    assert len(get_weather.cities) == 1 and seen["tool_ends"] == 1  # the tool ran once (the city as sampled)
+    assert "21°C" in seen["answer"] and "sunny" in seen["answer"], seen["answer"]
+    session = next(e for e in reversed(seen["server_events"]) if e["type"] == "session.updated")["session"]
+    assert session["model"] == "rill-tiny"  # gpt-realtime-2.1 asked; the model that answers reported
+    assert session["audio"]["input"]["transcription"]["model"] == "rill-tiny-speech"  # for gpt-4o-mini-transcribe
+    assert session["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24_000}
+    assert session["output_modalities"] == ["text"]  # ["audio"] asked: rill answers in text (and says so)
+    assert [t["name"] for t in session["tools"]] == ["get_weather"] and session["instructions"]
+
+
+@pytest.mark.parametrize("listener", ["http", "raw"])
+async def test_agents_sdk_realtime_agent_calls_the_tool_and_answers_a_typed_question(listener):
+    async with voice_server("rill-tiny", "rill-tiny-speech", server_config()) as server:
+        with trio.fail_after(TURN_TIMEOUT_S + 10):
+            seen = await trio.to_thread.run_sync(run_agent, server.realtime_url(listener), None,
+                                                 abandon_on_cancel=True)
+    check(seen)
+
+
+async def test_agents_sdk_realtime_agent_hears_24khz_speech_calls_the_tool_and_answers():
+    question = np.concatenate([silence(0.3), speak("What is the weather in Paris?", rate_wpm=140), silence(3.0)])
+    async with voice_server("rill-tiny", "rill-tiny-speech", server_config()) as server:
+        with trio.fail_after(TURN_TIMEOUT_S + 10):
+            seen = await trio.to_thread.run_sync(run_agent, server.realtime_url("http"), pcm16_24k(question),
+                                                 abandon_on_cancel=True)
+    check(seen)
+    (completed,) = [e for e in seen["server_events"]
+                    if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert "weather" in completed["transcript"].lower() and "paris" in completed["transcript"].lower(), completed
