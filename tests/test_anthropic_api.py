@@ -188,6 +188,32 @@ async def test_thinking_comes_through_the_reasoning_parser():
     assert "thinking.budget_tokens" in small.value.body["error"]["message"]
 
 
+async def test_output_config_format_holds_the_answer_to_the_schema():
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}
+    async with serve() as server:
+        message = await sdk(server).messages.create(
+            model=MODEL, max_tokens=40, messages=QUESTION, output_config={"format": {"type": "json_schema",
+                                                                                     "schema": schema}})
+        bad = await post(server, "/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": QUESTION,
+                                                  "output_config": {"format": {"type": "json_schema",
+                                                                               "schema": {"type": "nope"}}}})
+    value = json.loads(message.content[0].text)
+    assert set(value) == {"answer"} and isinstance(value["answer"], int)
+    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("output_config.format.schema")
+
+
+async def test_client_leaving_mid_stream_frees_the_request():
+    body = {"model": MODEL, "max_tokens": 400, "messages": QUESTION, "stream": True}
+    async with serve() as server:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", server.url + "/v1/messages", json=body) as response:
+                async for line in response.aiter_lines():
+                    if "content_block_delta" in line:
+                        break  # leave after the first piece of text
+        await assert_nothing_left(server)
+
+
 # -- errors and keys ------------------------------------------------------------------------------------------
 
 

@@ -43,7 +43,8 @@ def error_type(status: int) -> str:
 
 
 def error_body(error: ApiError) -> ErrorBody:
-    message = f"{error.param}: {error.message}" if error.param else error.message
+    named = not error.param or error.message.startswith(error.param)
+    message = error.message if named else f"{error.param}: {error.message}"
     return ErrorBody(ErrorInfo(error_type(error.status), message), new_request_id())
 
 

@@ -12,7 +12,8 @@ from rill.anthropic.events import Event, MessageEvents, new_message_id, stop_rea
 from rill.anthropic.schema import CountTokensRequest, MessagesRequest
 from rill.anthropic.translate import chat_request, renamed
 from rill.openai.chat import ChatJob, ChoiceStream, load_chat_media, prepare_chat_request
-from rill.openai.errors import ApiError
+from rill.errors import ValidationError
+from rill.openai.errors import ApiError, from_exception
 from rill.openai.serving import RequestTrace, Serving, decode_body
 
 
@@ -42,8 +43,8 @@ async def _chat_job(serving: Serving, trace: RequestTrace, req: CountTokensReque
     try:
         job = prepare_chat_request(serving, trace, chat_request(req, serving.mm_inputs is not None), with_media=True)
         await load_chat_media(serving, job)  # images decoded off the trio thread
-    except ApiError as exc:
-        raise renamed(exc) from exc
+    except (ApiError, ValidationError) as exc:  # the grammar compiler raises ValidationError
+        raise renamed(from_exception(exc)) from exc
     return job
 
 

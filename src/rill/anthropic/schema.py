@@ -67,6 +67,18 @@ class Metadata(msgspec.Struct, kw_only=True):
     user_id: str | None = None
 
 
+class OutputFormat(msgspec.Struct, kw_only=True):
+    """Structured outputs: the answer's text is JSON matching `schema` (rill.structured enforces it)."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any] | bool
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    format: OutputFormat | None = None
+    effort: str | None = None  # accepted; rill's models have no effort setting
+
+
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     model: str
     messages: list[MessageParam]
@@ -84,3 +96,4 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_p: float | None = None
     top_k: int | None = None
     metadata: Metadata | None = None
+    output_config: OutputConfig | None = None

@@ -8,6 +8,7 @@
   answer continues it (continue_final_message), as Anthropic's does.
 - `tools` become functions (`input_schema` their parameters); `tool_choice` auto/any/tool/none
   becomes auto/required/named/none and `disable_parallel_tool_use` parallel_tool_calls false.
+- `output_config.format` (json_schema) becomes response_format: the answer's text matches the schema.
 - `thinking` enabled or adaptive asks the template for thinking (`enable_thinking`, Qwen3's
   switch), disabled asks it not to; the server's --reasoning-parser splits it out of the answer.
 
@@ -23,8 +24,8 @@ import re
 from rill.anthropic.schema import Block, CountTokensRequest, MessageParam, MessagesRequest, ToolParam
 from rill.openai.errors import ApiError, bad_request
 from rill.openai.requests import (
-    ChatCompletionRequest, ContentPart, FunctionCall, FunctionDef, MediaURL, Message, NamedFunction,
-    NamedToolChoice, Tool, ToolCall,
+    ChatCompletionRequest, ContentPart, FunctionCall, FunctionDef, JsonSchemaFormat, MediaURL, Message,
+    NamedFunction, NamedToolChoice, ResponseFormat, Tool, ToolCall,
 )
 
 USER_BLOCKS = ("text", "image", "tool_result")
@@ -34,6 +35,7 @@ MIN_THINKING_BUDGET = 1024  # Anthropic's floor for thinking.budget_tokens
 _RENAMES = [
     (re.compile(r"^(max_completion_tokens|max_tokens)$"), "max_tokens"),
     (re.compile(r"^stop$"), "stop_sequences"),
+    (re.compile(r"^response_format(\.json_schema)?(\.schema)?"), "output_config.format.schema"),
     (re.compile(r"^messages\[.*"), "messages"),  # the chat messages do not map one to one
     (re.compile(r"^tools\[(\d+)\]\.function\.parameters"), r"tools.\1.input_schema"),
     (re.compile(r"^tools\[(\d+)\]\.function\.name"), r"tools.\1.name"),
@@ -44,7 +46,9 @@ def renamed(error: ApiError) -> ApiError:
     """A chat-path error with its param named as the Messages request names it."""
     for pattern, replacement in _RENAMES:
         if error.param and pattern.search(error.param):
-            error.param = pattern.sub(replacement, error.param)
+            old, error.param = error.param, pattern.sub(replacement, error.param)
+            if error.message.startswith(old):  # the message names the field first, as the param does
+                error.message = error.param + error.message[len(old):]
             break
     return error
 
@@ -69,8 +73,12 @@ def _sampling(req: MessagesRequest) -> dict:
         raise bad_request("max_tokens must be at least 1", "max_tokens")
     if req.temperature is not None and not 0.0 <= req.temperature <= 1.0:
         raise bad_request(f"temperature is {req.temperature}; it must be between 0 and 1", "temperature")
+    output = req.output_config.format if req.output_config else None
+    response_format = None if output is None else ResponseFormat(
+        "json_schema", JsonSchemaFormat(name="output", schema=output.schema, strict=True))
     return dict(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
-                top_p=req.top_p, top_k=req.top_k, user=req.metadata.user_id if req.metadata else None)
+                top_p=req.top_p, top_k=req.top_k, user=req.metadata.user_id if req.metadata else None,
+                response_format=response_format)
 
 
 def _thinking(req: CountTokensRequest) -> dict | None:
