@@ -170,7 +170,7 @@ async def test_a_body_dribbled_byte_by_byte_is_a_408_at_the_body_timeout(model_d
     body = json.dumps({"messages": HI, "max_tokens": 1}).encode()
     async with running_server(model_dir, ServerConfig(body_timeout_s=1.0)) as server:
         stream = await trio.open_tcp_stream("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
-        await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body))
         answer = b""
         with trio.move_on_after(15):

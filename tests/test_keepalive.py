@@ -92,7 +92,7 @@ async def _read_response(stream) -> tuple[bytes, dict[bytes, bytes]]:
 
 
 def _post(path: str, body: bytes, method: str = "POST") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: rill\r\nContent-Type: application/json\r\n"
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
 
 
@@ -131,7 +131,7 @@ async def test_a_connection_idle_as_long_as_a_client_pool_keeps_one_is_still_ser
     socket half a second past the pool's expiry is answered."""
     idle_s = httpx.Limits().keepalive_expiry + 0.5  # the default pool's expiry, 5 s
     assert ServerConfig().keep_alive_timeout_s > idle_s
-    get_models = b"GET /v1/models HTTP/1.1\r\nHost: rill\r\n\r\n"
+    get_models = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     async with running_server(model_dir) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with trio.fail_after(20):

@@ -276,7 +276,7 @@ async def endless_chunked_upload(url: str, max_bytes: int) -> tuple[bytes, int]:
     with trio.fail_after(60):
         async with stream, trio.open_nursery() as nursery:
             nursery.start_soon(read_status)
-            await stream.send_all(b"POST " + URL.encode() + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            await stream.send_all(b"POST " + URL.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
                                   b"Content-Type: multipart/form-data; boundary=b\r\n\r\n")
             await stream.send_all(chunk(b'--b\r\nContent-Disposition: form-data; name="file"; filename="q.wav"\r\n\r\n'))
             try:
