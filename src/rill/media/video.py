@@ -3,7 +3,8 @@
 Two passes over the bytes. The first only demuxes (no decoding, cheap): it counts the video packets
 and reads their timestamps, so a video of too many frames, too many pixels to decode (frames x
 width x height) or too long a duration (a small file of hours of black frames) is refused before
-any frame is decoded, and the duration is exact even where the header has none. The second decodes and keeps only the sampled frames, converted to RGB.
+any frame is decoded, and the duration is exact even where the header has none. The second decodes
+and keeps only the sampled frames, converted to RGB.
 
 Sampling: frame k is the frame on screen at t_k = k / fps (k = 0, 1, ... while t_k < duration), the
 latest frame whose time is <= t_k. When that gives more than `max_frames` frames, `max_frames` times
