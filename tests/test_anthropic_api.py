@@ -214,6 +214,36 @@ async def test_client_leaving_mid_stream_frees_the_request():
         await assert_nothing_left(server)
 
 
+async def test_image_block_on_a_vision_model_is_seen_and_counted():
+    """rill-tiny-vision answers the colour of a circle sent as a base64 image block."""
+    import base64
+    import io
+
+    from PIL import Image, ImageDraw
+
+    from rill.tiny_vision.evaluate import DEFAULT_MODEL_DIR as VISION
+
+    if not (VISION / "model.safetensors").is_file():
+        pytest.skip("rill-tiny-vision not shipped")
+    image = Image.new("RGB", (240, 180), "white")
+    ImageDraw.Draw(image).ellipse((70, 40, 170, 140), fill=(220, 30, 30))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(buf.getvalue()).decode()}}
+    ask = [{"role": "user", "content": [block, {"type": "text", "text": "What colour is the circle?"}]}]
+    async with running_server(VISION) as server:
+        client = sdk(server)
+        message = await client.messages.create(model=str(VISION), max_tokens=5, messages=ask)
+        counted = await client.messages.count_tokens(model=str(VISION), messages=ask)
+        text_only = await client.messages.count_tokens(model=str(VISION), messages=[
+            {"role": "user", "content": "What colour is the circle?"}])
+        await assert_nothing_left(server)
+    assert message.content[0].text.strip() == "red"
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+    assert counted.input_tokens > text_only.input_tokens + 10  # the image's placeholder tokens
+
+
 # -- errors and keys ------------------------------------------------------------------------------------------
 
 
