@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import anthropic
 import httpx
@@ -295,6 +296,35 @@ async def test_key_as_x_api_key_or_bearer_and_anthropic_version_accepted():
     assert wrong.value.status_code == 401 and wrong.value.body["error"]["type"] == "authentication_error"
     assert missing.status_code == 401 and missing.json()["type"] == "error"
     assert openai_route.status_code == 401  # the OpenAI routes take Bearer only, as before
+
+
+class InjectedFault(RuntimeError):
+    """Fault injection: raised by the model runner on purpose, to kill the engine mid-stream."""
+
+
+async def test_engine_failure_mid_stream_is_an_error_event_in_anthropic_shape():
+    body = {"model": MODEL, "max_tokens": 400, "messages": QUESTION, "stream": True}
+    async with serve() as server:
+        runner = server.engine.core.runner
+        real_execute, fail = runner.execute, threading.Event()
+
+        def execute_with_injected_fault(*args, **kwargs):
+            if fail.is_set():
+                raise InjectedFault("injected fault in the model runner")
+            return real_execute(*args, **kwargs)
+
+        runner.execute = execute_with_injected_fault
+        raw = ""
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", server.url + "/v1/messages", json=body) as response:
+                async for text in response.aiter_text():
+                    raw += text
+                    if "text_delta" in raw:
+                        fail.set()
+    events = [frame.json for frame in parse_sse(raw)]
+    assert events[0]["type"] == "message_start" and events[-1]["type"] == "error"
+    assert events[-1]["error"]["type"] == "api_error" and "InjectedFault" in events[-1]["error"]["message"]
+    assert "message_stop" not in {e["type"] for e in events}
 
 
 # -- sans-IO -------------------------------------------------------------------------------------------------------
