@@ -3,8 +3,9 @@
 A hostile client on 127.0.0.1 sends each bomb to a real server; the answer must be a 400 in OpenAI's
 shape, quickly, with the process's resident memory barely moved. On the old code the FLAC bomb
 (184 KiB: 120 s of 192 kHz 8-channel silence) was a 200 after the server grew by ~870 MB, and the
-H.264 bomb (63 KB: 1,200 black 4K frames) a 200 after ~17 s of decoding. Audio at the sample cap
-decodes in pieces: its peak memory is the 16 kHz result, not the file's 690 MB of float32.
+H.264 bomb (63 KB: 1,200 black 4K frames) a 200 after ~17 s of decoding; as a live stream's blob all
+1,200 frames were decoded. Audio at the sample cap decodes in pieces: its peak memory is the 16 kHz
+result, not the file's 690 MB of float32.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.media.errors import VideoError
 from rill.media.policy import MediaPolicy
+from rill.live_video.segments import SegmentDecoder
 from rill.media.video import load_video
 from rill.server import hypercorn_config
 from rill.speech.async_speech import open_serving_speech
@@ -84,9 +86,11 @@ def flac_silence(num_frames: int, rate: int = BOMB_RATE, channels: int = BOMB_CH
     return buf.getvalue()
 
 
-def h264_bomb(num_frames: int, width: int = 3840, height: int = 2160, rate: int = 30) -> bytes:
+def h264_bomb(num_frames: int, width: int = 3840, height: int = 2160, rate: int = 30,
+              fragmented: bool = False) -> bytes:
     """An MP4 of `num_frames` black frames: one key frame, then the same "nothing changed" P frame muxed
-    again and again, so the file grows by ~50 bytes a frame while each frame decodes to 8.3 M pixels."""
+    again and again, so the file grows by ~50 bytes a frame while each frame decodes to 8.3 M pixels.
+    `fragmented`: a streamable MP4 (moov first), as a live stream's blobs are."""
     import av
 
     encoder = av.CodecContext.create("libx264", "w")
@@ -101,7 +105,8 @@ def h264_bomb(num_frames: int, width: int = 3840, height: int = 2160, rate: int 
     packets += encoder.encode(None)
     key, same = bytes(packets[0]), bytes(packets[1])
     buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as out:
+    options = {"movflags": "frag_keyframe+empty_moov+default_base_moof"} if fragmented else {}
+    with av.open(buf, "w", format="mp4", options=options) as out:
         stream = out.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.extradata = encoder.extradata
@@ -222,3 +227,16 @@ def test_decoded_video_pixel_limit_at_and_past():
     assert load_video(data, MediaPolicy(max_video_decoded_pixels=4 * 64 * 48), fps=1, max_frames=4).num_frames == 1
     with pytest.raises(VideoError, match="4 frames of 64x48: 12288 pixels to decode, past the limit of 12287"):
         load_video(data, MediaPolicy(max_video_decoded_pixels=4 * 64 * 48 - 1), fps=1, max_frames=4)
+
+
+async def test_a_live_video_stream_that_decodes_faster_than_real_time_is_refused():
+    """The same bomb as a live stream's blob (Mode A/B and realtime video chunks): the decoder thread stops
+    once the pixels decoded run 10 s of 1080p60 ahead of the wall clock (old code: all 1,200 frames)."""
+    errors, frames = [], []
+    decoder = SegmentDecoder(MediaPolicy(), 1.0, lambda pixels, t: frames.append(t), errors.append)
+    decoder.feed(h264_bomb(1200, fragmented=True))
+    decoder.end()
+    with trio.fail_after(60):
+        await decoder.run()
+    assert len(errors) == 1 and "faster than real time" in str(errors[0]), errors
+    assert decoder.num_decoded < 300, decoder.num_decoded  # 10 s of 1080p60 is 150 4K frames, plus the clock's

@@ -6,13 +6,17 @@ it at the feed's rate by their presentation time. A blob that starts with a cont
 EBML magic, MP4's `ftyp` box) starts a new stream; the one before it ends there.
 
 Bounded: at most `max_buffered_bytes` wait in the pipe (a client sending faster than it decodes gets
-an error); frames are checked against the video frame size limit; the decoder thread ends when the
-stream does, or at once when the session closes (the pipe reads as ended).
+an error); frames are checked against the video frame size limit; the pixels decoded may run at most
+LIVE_BURST_S seconds ahead of LIVE_PIXELS_PER_S on the wall clock (a few bytes a frame of "nothing
+changed" H.264 decode to 8.3 M pixels each at 4K: 8 MiB of them would be 1.3 T pixels to decode), so a
+stream is decoded about as fast as one is filmed; the decoder thread ends when the stream does, or at
+once when the session closes (the pipe reads as ended).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +29,8 @@ from rill.media.policy import MediaPolicy
 EBML_MAGIC = b"\x1a\x45\xdf\xa3"  # WebM / Matroska
 FORMATS = "matroska,webm,mov,mp4,m4a,3gp,3g2,mj2"  # streamable demuxers only (no playlists, no AVI index)
 DEFAULT_MAX_BUFFERED_BYTES = 8 << 20
+LIVE_PIXELS_PER_S = 1920 * 1080 * 60  # what a stream may decode a second of wall time: 1080p at 60 fps
+LIVE_BURST_S = 10.0  # and this many seconds of it at once (a first blob of video recorded before)
 
 
 def starts_stream(data: bytes) -> bool:
@@ -77,6 +83,7 @@ class SegmentDecoder:
         self.on_frame, self.on_error = on_frame, on_error
         self._pipe = _Pipe(max_buffered_bytes)
         self.num_decoded = 0
+        self.num_decoded_pixels = 0
         self.num_sampled = 0
         self.done = False  # run() returned: every frame it will give is out
 
@@ -113,11 +120,13 @@ class SegmentDecoder:
     def _frames(self, container, token) -> None:
         first_s = next_s = None
         step_s = 1.0 / self.fps
+        started_s = time.monotonic()
         for frame in container.decode(container.streams.video[0]):
             self.num_decoded += 1
             if frame.width * frame.height > self.policy.max_video_frame_pixels:
                 raise VideoError(f"the video's frames are {frame.width}x{frame.height}, past the limit of "
                                  f"{self.policy.max_video_frame_pixels} pixels", "payload")
+            self._check_rate(frame.width * frame.height, time.monotonic() - started_s)
             t = frame.time if frame.time is not None else (self.num_decoded - 1) * step_s
             first_s = t if first_s is None else first_s
             t -= first_s
@@ -129,3 +138,10 @@ class SegmentDecoder:
             self.num_sampled += 1
             pixels = frame.to_ndarray(format="rgb24")
             trio.from_thread.run_sync(self.on_frame, pixels, t, trio_token=token)
+
+    def _check_rate(self, num_pixels: int, elapsed_s: float) -> None:
+        self.num_decoded_pixels += num_pixels
+        if self.num_decoded_pixels > (elapsed_s + LIVE_BURST_S) * LIVE_PIXELS_PER_S:
+            raise VideoError(f"the video stream decodes to {self.num_decoded_pixels} pixels in {elapsed_s:.1f} s, "
+                             f"faster than real time (at most {LIVE_PIXELS_PER_S} a second after the first "
+                             f"{LIVE_BURST_S:g} s); send video as it is filmed", "payload")
