@@ -6,7 +6,9 @@ expire before the end, and a small --max-body-bytes so that oversized bodies are
 --concurrency workers each pick a kind by weight until the time is up (rill.bench.soak_traffic):
 chat (JSON and SSE), completions, Mode A (whole and dropped mid-upload), Mode B (finished and read,
 or deleted, or abandoned), realtime (read to the end, cancelled, dropped mid-response), client
-disconnects mid-stream and bad inputs; each request has --request-timeout-s.
+disconnects mid-stream and bad inputs; each request has --request-timeout-s. --hostile-workers adds
+the hostile mix of rill.bench.soak_hostile beside them (slow readers, realtime leavers, fan-out, large
+bodies), and the normal requests' latency (p50, p99) is reported with the RSS during it.
 
 Measured: requests by kind and outcome (2xx, each 4xx, 5xx, dropped on purpose, timeout,
 connection error, an answer the protocol does not allow); the server's RSS (/proc/PID/status)
