@@ -1,4 +1,4 @@
-"""Cut OpenAI's openapi.yaml down to the four operations rill shares with it.
+"""Cut OpenAI's openapi.yaml down to the four operations rill shares with it, and the realtime events.
 
     python tests/data/trim_openapi.py FULL_OPENAPI.yaml COMMIT > tests/data/openai-openapi.yaml
 
@@ -14,6 +14,9 @@ import sys
 import yaml
 
 OPERATIONS = {"/chat/completions": "post", "/completions": "post", "/models": "get", "/models/{model}": "get"}
+# Schemas kept with everything they reference, though no kept operation names them: the realtime
+# server events (tests/test_realtime_spec_events.py validates a scripted session against them).
+SCHEMAS = ("RealtimeServerEvent",)
 PROSE = ("description", "summary", "title")
 
 
@@ -46,7 +49,7 @@ def refs(node):
 def trim(spec: dict, commit: str) -> dict:
     paths = {path: {method: spec["paths"][path][method]} for path, method in OPERATIONS.items()}
     components: dict[str, dict] = {}
-    todo = list(refs(paths))
+    todo = list(refs(paths)) + [f"#/components/schemas/{name}" for name in SCHEMAS]
     while todo:
         ref = todo.pop()
         _, _, kind, name = ref.split("/")

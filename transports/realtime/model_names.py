@@ -17,8 +17,8 @@ from __future__ import annotations
 REALTIME_PREFIXES = ("gpt-realtime", "gpt-4o-realtime", "gpt-4o-mini-realtime", "gpt-audio")
 # OpenAI's transcription models, as `audio.input.transcription.model` takes them.
 TRANSCRIPTION_NAMES = frozenset({"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe",
-                                 "gpt-4o-transcribe-latest", "gpt-4o-mini-transcribe-latest",
-                                 "gpt-4o-transcribe-diarize"})
+                                 "gpt-4o-transcribe-diarize", "gpt-transcribe", "gpt-live-transcribe",
+                                 "gpt-realtime-whisper"})
 
 
 def is_openai_realtime_model(name: str | None) -> bool:
@@ -26,5 +26,5 @@ def is_openai_realtime_model(name: str | None) -> bool:
 
 
 def is_openai_transcription_model(name: str | None) -> bool:
-    return name is not None and (name in TRANSCRIPTION_NAMES or name.startswith("gpt-4o-mini-transcribe-")
-                                 or name.startswith("gpt-4o-transcribe-"))
+    return name is not None and (name in TRANSCRIPTION_NAMES or name.startswith(("gpt-4o-mini-transcribe-",
+                                                                                  "gpt-4o-transcribe-")))

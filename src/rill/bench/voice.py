@@ -146,6 +146,7 @@ async def read_turns(ws, turns: list[Turn], until: str) -> None:
 async def session(url: str, settings: dict):
     from trio_websocket import open_websocket_url
 
+    settings = {"input_audio_format": {"type": "audio/pcm", "rate": 16_000}, **settings}  # the speech sent is 16 kHz
     ws_cm = open_websocket_url(url)
     ws = await ws_cm.__aenter__()
     assert json.loads(await ws.get_message())["type"] == "session.created"

@@ -83,6 +83,8 @@ export class Voice {
     this.socket = socket;
     this.sentSamples = 0;
     const queue = [];
+    // The page sends 16 kHz PCM16: it says so (a session that names no format reads OpenAI's 24 kHz).
+    queue.push({ type: "session.update", session: { audio: { input: { format: { type: "audio/pcm", rate: RATE_HZ } } } } });
     for (const event of setupEvents(this.hooks.context())) queue.push(event);
     socket.onopen = () => queue.forEach((event) => socket.send(JSON.stringify(event)));
     socket.onmessage = (message) => this.#receive(JSON.parse(message.data));
