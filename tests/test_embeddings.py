@@ -131,12 +131,14 @@ async def test_mean_pooling_where_the_pooling_config_says(mean_embedder):
 async def test_input_forms_dimensions_and_base64(embedder):
     """Token ids and lists of them embed as the same texts do; `dimensions` truncates then normalizes
     (Matryoshka); base64 is little-endian float32."""
-    async with running_server(embedder) as server:
+    async with running_server(embedder, ServerConfig(max_sequences_per_request=3)) as server:
         ids = [server.engine.tokenizer.encode(t) for t in TEXTS]
+        fan_out = await post(server, {"input": TEXTS + ["one more"]})  # one engine request per input
         texts = (await post(server, {"input": TEXTS})).json()
         one_ids = (await post(server, {"input": ids[0]})).json()
         many_ids = (await post(server, {"input": ids})).json()
         short = (await post(server, {"input": TEXTS, "dimensions": 16, "encoding_format": "base64"})).json()
+    assert fan_out.status_code == 400 and fan_out.json()["error"]["code"] == "too_many_sequences"
     full = np.array([d["embedding"] for d in texts["data"]])
     np.testing.assert_allclose(one_ids["data"][0]["embedding"], full[0], atol=1e-6)
     np.testing.assert_allclose(np.array([d["embedding"] for d in many_ids["data"]]), full, atol=1e-6)
@@ -147,11 +149,12 @@ async def test_input_forms_dimensions_and_base64(embedder):
 
 
 async def test_limits_and_bad_input_are_400s_naming_the_field(embedder):
-    async with running_server(embedder) as server:
+    async with running_server(embedder, ServerConfig(max_sequences_per_request=MAX_INPUTS)) as server:
         at_limit = [1] * MAX_LEN  # a pooling input may fill the whole context
         ok = await post(server, {"input": at_limit})
         past = await post(server, {"input": [1] * (MAX_LEN + 1)})
         long_text = await post(server, {"input": ["short", "word " * MAX_LEN]})
+        huge_text = await post(server, {"input": "x" * 2_000_000})  # refused before it is tokenized
         inputs_ok = await post(server, {"input": [[5]] * MAX_INPUTS})
         too_many = await post(server, {"input": [[5]] * (MAX_INPUTS + 1)})
         dims_past = await post(server, {"input": "x", "dimensions": HIDDEN + 1})
@@ -167,6 +170,7 @@ async def test_limits_and_bad_input_are_400s_naming_the_field(embedder):
     assert past.status_code == 400 and past.json()["error"]["code"] == "context_length_exceeded"
     assert f"{MAX_LEN} tokens" in past.json()["error"]["message"] and past.json()["error"]["param"] == "input"
     assert long_text.status_code == 400 and long_text.json()["error"]["param"] == "input[1]"
+    assert huge_text.status_code == 400 and huge_text.json()["error"]["code"] == "context_length_exceeded"
     assert inputs_ok.status_code == 200 and len(inputs_ok.json()["data"]) == MAX_INPUTS
     assert too_many.status_code == 400 and str(MAX_INPUTS) in too_many.json()["error"]["message"]
     for response in (dims_past, dims_zero, bad_format, mixed, empty, outside):

@@ -20,7 +20,8 @@ async def create_embeddings() -> Response:
     try:
         body = await request.get_data()  # past the body limit: a 413
         serving = _state().models.route_body(body)  # the model it names (404 model_not_found otherwise)
-        result = await embed(serving, prepare_embeddings(serving, trace, body))
+        job = await serving.prepare(prepare_embeddings, trace, body)  # a large body in a worker thread
+        result = await embed(serving, job)
     except trio.Cancelled:
         serving.finish(trace, 499)  # the client left; Serving.run's finally aborted the requests
         raise

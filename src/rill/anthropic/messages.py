@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from rill.anthropic.events import Event, MessageEvents, new_message_id, stop_reason, usage
 from rill.anthropic.schema import CountTokensRequest, MessagesRequest
 from rill.anthropic.translate import chat_request, renamed
-from rill.openai.chat import ChatJob, ChoiceStream, load_chat_media, prepare_chat_request
 from rill.errors import ValidationError
+from rill.openai.chat import ChatJob, ChoiceStream, load_chat_media, prepare_chat_request
 from rill.openai.errors import ApiError, from_exception
 from rill.openai.serving import RequestTrace, Serving, decode_body
 
@@ -28,24 +28,42 @@ class MessageJob:
 
 
 async def prepare_message(serving: Serving, trace: RequestTrace, body: bytes) -> MessageJob:
-    """The job answering a Messages body (a 400 naming the Anthropic field when it cannot run)."""
-    req = decode_body(body, MessagesRequest)
-    return MessageJob(await _chat_job(serving, trace, req), bool(req.stream))
+    """The job answering a Messages body (a 400 naming the Anthropic field when it cannot run). A large
+    body is rendered and tokenized in a worker thread (Serving.prepare), as chat's is."""
+    job = await serving.prepare(_prepare_message, trace, body)
+    await _load_media(serving, job.chat)
+    return job
 
 
 async def count_tokens(serving: Serving, trace: RequestTrace, body: bytes) -> dict[str, int]:
     """POST /v1/messages/count_tokens: the prompt's tokens as the model would read them."""
-    job = await _chat_job(serving, trace, decode_body(body, CountTokensRequest))
+    job = await serving.prepare(_prepare_count, trace, body)
+    await _load_media(serving, job)
     return {"input_tokens": len(job.prompt_ids)}
 
 
-async def _chat_job(serving: Serving, trace: RequestTrace, req: CountTokensRequest) -> ChatJob:
+def _prepare_message(serving: Serving, trace: RequestTrace, body: bytes) -> MessageJob:
+    req = decode_body(body, MessagesRequest)
+    return MessageJob(_chat_job(serving, trace, req), bool(req.stream))
+
+
+def _prepare_count(serving: Serving, trace: RequestTrace, body: bytes) -> ChatJob:
+    return _chat_job(serving, trace, decode_body(body, CountTokensRequest))
+
+
+def _chat_job(serving: Serving, trace: RequestTrace, req: CountTokensRequest) -> ChatJob:
     try:
-        job = prepare_chat_request(serving, trace, chat_request(req, serving.mm_inputs is not None), with_media=True)
-        await load_chat_media(serving, job)  # images decoded off the trio thread
+        return prepare_chat_request(serving, trace, chat_request(req, serving.mm_inputs is not None), with_media=True)
     except (ApiError, ValidationError) as exc:  # the grammar compiler raises ValidationError
         raise renamed(from_exception(exc)) from exc
-    return job
+
+
+async def _load_media(serving: Serving, job: ChatJob) -> None:
+    """The job's images, decoded off the trio thread (a 400 naming the chat message's part: renamed)."""
+    try:
+        await load_chat_media(serving, job)
+    except ApiError as exc:
+        raise renamed(exc) from exc
 
 
 async def message_events(serving: Serving, job: MessageJob) -> AsyncIterator[Event]:

@@ -69,12 +69,12 @@ def prepare_embeddings(serving: Serving, trace: RequestTrace, body: bytes) -> Em
     _check_dimensions(req.dimensions, info)
     prompts = input_token_ids(serving, req.input)
     trace.num_prompt_tokens = sum(map(len, prompts))
+    one = isinstance(req.input, str) or isinstance(req.input[0], int)
     for i, prompt in enumerate(prompts):
         try:
             serving.engine.core.check_fits_pooling(len(prompt))
         except ValidationError as exc:
-            param = "input" if isinstance(req.input, str) or isinstance(req.input[0], int) else f"input[{i}]"
-            raise bad_request(exc.message, param, exc.code) from exc
+            raise bad_request(exc.message, "input" if one else f"input[{i}]", exc.code) from exc
     serving.check_ready()
     return EmbeddingJob(req, trace, model, prompts, info, int(time.time()))
 
@@ -91,8 +91,11 @@ def input_token_ids(serving: Serving, value) -> list[list[int]]:
         items = [items]
     if len(items) > MAX_INPUTS:
         raise bad_request(f"input has {len(items)} items; at most {MAX_INPUTS} are allowed per request", "input")
+    serving.check_fan_out(len(items), 1)  # one engine request per input; before anything is tokenized
     prompts = []
     for i, item in enumerate(items):
+        if isinstance(item, str):
+            _check_text_length(serving, item, "input" if len(items) == 1 else f"input[{i}]")
         ids = serving.tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else item
         bad = [t for t in ids if not 0 <= t < serving.vocab_size]
         if bad:
@@ -102,6 +105,16 @@ def input_token_ids(serving: Serving, value) -> list[list[int]]:
             raise bad_request(f"input[{i}] is empty", f"input[{i}]")
         prompts.append(ids)
     return prompts
+
+
+def _check_text_length(serving: Serving, text: str, param: str) -> None:
+    """400 before tokenizing a text sure to be longer than the context (rill.tokenizer.length_bound).
+    An input may fill the context exactly, so only a bound past it refuses."""
+    bound = getattr(serving.tokenizer, "token_count_bound", None)
+    num_tokens = 0 if bound is None else bound.at_least(text)
+    if num_tokens > serving.max_model_len:
+        raise bad_request(f"this model's maximum context length is {serving.max_model_len} tokens; the input has "
+                          f"{len(text)} characters, so at least {num_tokens} tokens", param, "context_length_exceeded")
 
 
 def _check_dimensions(dimensions: int | None, info: EmbeddingModel) -> None:
