@@ -54,6 +54,7 @@ from rill.transports import hypercorn_ws
 from rill.anthropic.errors import authentication_error, key_matches
 from rill.transports.api_keys import OPEN_PATHS, bearer_matches
 from rill.transports.cross_site import CrossSitePolicy, guard
+from rill.transports.draining import Draining
 from rill.transports.body_gate import BUDGET_KEY as BODY_BUDGET
 from rill.transports.body_gate import BodyBudget, GatedRequest
 from rill.transports.keepalive import keep_alive_safe
@@ -100,6 +101,9 @@ class ServerConfig:
     body_timeout_s: float = 60.0
     max_header_bytes: int = 16 << 10
     read_timeout_s: float | None = None
+    # A client that stops reading: a write to it that takes longer than this closes its connection
+    # (its request is aborted as on a disconnect; transports/send_guard.py). None: no limit.
+    send_timeout_s: float | None = 30.0
     # Connections the kernel may hold for the accept loop: hypercorn's default of 100 made 256 clients
     # connecting at once get resets (the handshake's last ACK dropped while the queue was full, the
     # request then refused); 2048 is uvicorn's default. Linux caps it at net.core.somaxconn.
@@ -138,6 +142,7 @@ class ServerConfig:
             body_timeout_s=float(env("RILL_BODY_TIMEOUT_S", 60.0)),
             max_header_bytes=int(env("RILL_MAX_HEADER_BYTES", 16 << 10)),
             read_timeout_s=float(env("RILL_READ_TIMEOUT_S")) if env("RILL_READ_TIMEOUT_S") else None,
+            send_timeout_s=send_timeout_option(env("RILL_SEND_TIMEOUT_S", "30")),
             backlog=int(env("RILL_BACKLOG", 2048)),
             max_audio_bytes=int(env("RILL_MAX_AUDIO_BYTES", 25 * 1000 * 1000)),
             responses=ResponsesConfig.from_env(),
@@ -155,6 +160,11 @@ class ServerConfig:
         return ServingOptions(names, self.tool_call_parser, self.reasoning_parser,
                               self.max_waiting, self.media, self.limit_mm_per_prompt or parse_limits(""),
                               self.live_video, self.max_sequences_per_request)
+
+
+def send_timeout_option(value: str | float) -> float | None:
+    """--send-timeout-s: 0 or none is no limit."""
+    return None if str(value).lower() in ("0", "0.0", "none") else float(value)
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -182,6 +192,7 @@ class AppState:
         self.open_paths = OPEN_PATHS  # routes that need no API key; the web page's files join them
         self.cross_site = CrossSitePolicy.make(api_key=server.api_key, allowed_hosts=server.allowed_hosts,
                                                allowed_origins=server.allowed_origins)
+        self.draining = Draining()  # SSE streams a shutdown ends with an error event (rill.server)
 
     @property
     def serving(self) -> Serving | None:
@@ -407,6 +418,7 @@ def _as_api_error(exc: Exception) -> ApiError:
 
 
 def _sse(frames) -> Response:
+    frames = _state().draining.frames(frames)  # a shutdown ends it with an error event (transports/draining.py)
     return Response(frames, content_type=sse.CONTENT_TYPE,
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

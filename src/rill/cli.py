@@ -55,7 +55,7 @@ def engine_config(args):
 
 
 def _engine_config(args, template):
-    from rill.config import EngineConfig
+    from rill.config import MAX_STREAM_BUFFER_BYTES, EngineConfig
 
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
@@ -69,6 +69,7 @@ def _engine_config(args, template):
         cuda_graphs=getattr(args, "cuda_graphs", False),
         stream_interval=getattr(args, "stream_interval", 1),
         max_steps_ahead=getattr(args, "max_steps_ahead", None),
+        max_stream_buffer_bytes=getattr(args, "max_stream_buffer_bytes", MAX_STREAM_BUFFER_BYTES) or None,
     )
 
 
@@ -101,7 +102,7 @@ def _cmd_serve(args) -> int:
     from rill.openai.responses_api import config as responses_config
     from rill.server import run
     from rill.sessions import config as streaming_input_config
-    from rill.transports.http import ServerConfig
+    from rill.transports.http import ServerConfig, send_timeout_option
     from rill.transports.cross_site import bind_names
     from rill.transports.realtime.driver import realtime_config
 
@@ -118,6 +119,7 @@ def _cmd_serve(args) -> int:
         realtime=realtime_config(args),
         keep_alive_timeout_s=args.keep_alive_timeout_s, body_timeout_s=args.body_timeout_s,
         max_header_bytes=args.max_header_bytes, read_timeout_s=args.read_timeout_s, backlog=args.backlog,
+        send_timeout_s=send_timeout_option(args.send_timeout_s),
         max_audio_bytes=args.max_audio_bytes, responses=responses_config.from_args(args),
         media=media_policy.from_args(args),
         limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
@@ -189,6 +191,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="request line and headers past this are a 431")
     p.add_argument("--read-timeout-s", type=float, default=_env("READ_TIMEOUT_S", None, float),
                    help="close a connection that sends nothing this long (off: SSE readers send nothing)")
+    p.add_argument("--send-timeout-s", type=float, default=_env("SEND_TIMEOUT_S", 30.0, float),
+                   help="close a connection (HTTP, /v1/realtime, the raw --ws-port listener) when a write to it "
+                        "waits this long for the client to read; its request is aborted (0: no limit; default 30)")
+    p.add_argument("--max-stream-buffer-bytes", type=int, default=_env("MAX_STREAM_BUFFER_BYTES", 4 << 20, int),
+                   help="output one request may hold for a client that does not read it (about its memory); past "
+                        "it the request is aborted, its KV freed, and the stream ends with an error (0: no limit; "
+                        "default 4 MiB)")
     p.add_argument("--served-model-name", nargs="+", default=_env("SERVED_MODEL_NAME", None, lambda v: v.split(",")),
                    help="names clients use for the model (default: the MODEL argument); with several, the first")
     p.add_argument("--tool-call-parser", default=_env("TOOL_CALL_PARSER", "hermes"), choices=["hermes", "none"])

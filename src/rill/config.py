@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 MAX_DEFAULT_KV_CACHE_BYTES = 2 << 30
+MAX_STREAM_BUFFER_BYTES = 4 << 20  # EngineConfig.max_stream_buffer_bytes
 
 
 def default_kv_cache_bytes() -> int:
@@ -49,6 +50,10 @@ class EngineConfig:
     # needs and delays every delta; 0: never wait. None: 4 on the CPU, 0 on CUDA, where the worker
     # leaves the GIL while the GPU computes and a brake would only cap the tokens a delivery carries
     max_steps_ahead: int | None = None
+    # output a request may hold for a reader that does not read (its client's socket is full), priced
+    # as memory (engine/async_engine.py delta_bytes); past it the request is aborted and its KV freed.
+    # None or 0: unbounded (the offline LLM reads at once)
+    max_stream_buffer_bytes: int | None = MAX_STREAM_BUFFER_BYTES
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "stream_interval"):

@@ -1,7 +1,9 @@
 """`rill serve`: one trio root nursery running the engine and hypercorn (trio worker).
 
 SIGINT or SIGTERM stops accepting connections; streams in flight get `grace_s` seconds to
-finish, then the engine shuts down and the process exits 0. When the engine's worker dies,
+finish; those still running a moment before its end get an SSE error event (transports/draining.py),
+no write to a client outlives it (transports/send_guard.py), then the engine shuts down and the
+process exits 0. When the engine's worker dies,
 every request in flight gets an error and rill stops the same way, then exits 1, so that a
 supervisor (systemd's Restart=on-failure, a Kubernetes pod) starts it again, as vLLM does.
 """
@@ -22,6 +24,8 @@ from rill.config import EngineConfig
 from rill.engine.async_engine import AsyncEngine, open_engine
 from rill.gc_heap import freeze_startup_heap, thaw_heap
 from rill.model_set import ServedModel
+from rill.transports import send_guard
+from rill.transports.draining import cut_time_s
 from rill.transports.http import ServerConfig, create_app
 from rill.transports.realtime.quart_route import realtime_hub
 from rill.transports.realtime.ws_listener import serve_ws
@@ -41,6 +45,8 @@ def hypercorn_config(host: str, port: int, grace_s: float, server: ServerConfig 
     config.websocket_ping_interval = server.realtime.ping_interval_s  # /v1/realtime keepalive
     config.accesslog = None  # rill logs one line per request itself
     config.errorlog = logging.getLogger("hypercorn.error")  # through the app's logging setup, once
+    send_guard.install()
+    setattr(config, send_guard.ATTRIBUTE, send_guard.SendGuard(server.send_timeout_s))
     return config
 
 
@@ -74,7 +80,7 @@ async def serve(engine_config: EngineConfig | list[ServedModel], server_config: 
         config = hypercorn_config(host, port, grace_s, server_config)
         realtime, stopping = server_config.realtime, trio.Event()
         engines = llms if speech is None else [*llms, speech]
-        trigger = partial(_stop_then_set, shutdown_trigger, stopping, engines)
+        trigger = partial(_stop_then_set, shutdown_trigger, stopping, engines, partial(_bound_grace, app, config))
         binds = await nursery.start(partial(hypercorn_serve, app, config, shutdown_trigger=trigger))
         if realtime.ws_port is not None:  # the raw realtime listener stops when hypercorn starts to
             ws_url = await nursery.start(partial(serve_ws, realtime_hub(app), host, realtime.ws_port, stop=stopping))
@@ -101,7 +107,15 @@ def _first_death(engines) -> BaseException | None:
     return next((e.dead for e in engines if e.dead is not None), None)
 
 
-async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines) -> None:
+def _bound_grace(app, config: hypercorn.Config) -> None:
+    """Shutdown starts now: streams still running just before the grace ends get an error event, and
+    no write to a client (a full socket) outlives the grace, so the process exits within it."""
+    deadline = trio.current_time() + config.graceful_timeout
+    app.extensions["rill"].draining.end_at(deadline - cut_time_s(config.graceful_timeout))
+    getattr(config, send_guard.ATTRIBUTE).stop_at(deadline)
+
+
+async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines, on_stop=lambda: None) -> None:
     """Return when the shutdown trigger does or an engine (an LLM's, the speech one) dies, whichever first."""
     async with trio.open_nursery() as nursery:
 
@@ -114,6 +128,7 @@ async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines) -> Non
             nursery.start_soon(first, engine.died.wait)
     if _first_death(engines) is not None:
         log.error("the engine died: no new connections; requests in flight got an error")
+    on_stop()
     stopping.set()
 
 

@@ -32,7 +32,23 @@ _REQUEST_IDS = itertools.count()
 
 log = logging.getLogger("rill.engine")
 
+# What a queued delta costs in memory, roughly (tracemalloc: a one-token delta with a short text is
+# about 300 bytes): the price of what waits for a reader (EngineConfig.max_stream_buffer_bytes).
+DELTA_BYTES = 200
+TOKEN_BYTES = 72  # an int and its list slot
+LOGPROB_BYTES = 256  # a TokenLogprob with a few alternatives
+
 BRAKE_TIMEOUT_S = 1.0  # the longest the worker waits for trio to take its steps (EngineConfig.max_steps_ahead)
+
+
+SLOW_READER_ERROR = ("the client read the output too slowly: more than --max-stream-buffer-bytes of it waited "
+                     "to be sent, and the request was aborted")
+
+
+def delta_bytes(delta: RequestDelta) -> int:
+    """About what a queued delta holds in memory."""
+    size = DELTA_BYTES + len(delta.text) + TOKEN_BYTES * len(delta.token_ids)
+    return size if delta.logprobs is None else size + LOGPROB_BYTES * len(delta.logprobs)
 
 
 # Messages into the worker: small frozen structs (STYLE.md principle 6).
@@ -116,6 +132,10 @@ class AsyncEngine:
         self.stream_interval = core.config.stream_interval
         self._held: dict[tuple[str, int], RequestDelta] = {}
         self._streaming: set[tuple[str, int]] = set()  # sequences whose first text went out
+        # A reader holding more than this of unread output (its client stopped reading) is dropped: the
+        # request is aborted, as a disconnect would, and the reader gets an error after what it holds.
+        self.max_stream_buffer_bytes = core.config.max_stream_buffer_bytes
+        self.num_slow_readers = 0  # requests dropped for it
 
     # -- trio side ----------------------------------------------------------------------------
 
@@ -135,9 +155,9 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}")
         if request_id in self._streams:
             raise RillError(f"request id {request_id!r} is already live")
-        # Unbounded on purpose: the engine never blocks on a slow reader, and a request's
-        # deltas are bounded by its own max_tokens.
-        stream = self._streams[request_id] = DeltaStream()
+        # The engine never blocks on a slow reader: what waits for it is priced, and a reader past
+        # max_stream_buffer_bytes is dropped (_deliver).
+        stream = self._streams[request_id] = DeltaStream(delta_bytes if self.max_stream_buffer_bytes else None)
         return stream
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm_items=()):
@@ -229,11 +249,22 @@ class AsyncEngine:
             if not stream.put(delta):
                 self.abort(delta.request_id)  # the reader left without aborting
                 continue
+            if self.max_stream_buffer_bytes and stream.num_bytes > self.max_stream_buffer_bytes:
+                self._drop_slow_reader(delta.request_id, stream)
+                continue
             if delta.error is not None or (delta.finished and self._all_done(delta)):
                 streams.pop(delta.request_id).end()
                 self._n.pop(delta.request_id, None)
                 self._done.pop(delta.request_id, None)
                 self._forget_held(delta.request_id)
+
+    def _drop_slow_reader(self, request_id: str, stream: DeltaStream[RequestDelta]) -> None:
+        """Abort a request whose reader fell too far behind; it reads what it holds, then an error."""
+        self.num_slow_readers += 1
+        log.warning("%s: dropped, %d bytes of its output waited for a reader (max_stream_buffer_bytes %d)",
+                    request_id, stream.num_bytes, self.max_stream_buffer_bytes)
+        stream.put(RequestDelta(request_id, 0, [], "", finish_reason="abort", error=SLOW_READER_ERROR))
+        self.abort(request_id)  # ends the stream after that error
 
     def _hold(self, deltas: list[RequestDelta]) -> list[RequestDelta]:
         """--stream-interval N: what goes out now. A sequence's tokens go at once until the first

@@ -12,12 +12,16 @@ It is a `trio.abc.ReceiveChannel` for its reader: the same `receive` semantics a
 (a checkpoint each call, state unchanged when cancelled, `EndOfChannel` after the last item,
 `ClosedResourceError` once closed, `BusyResourceError` for a second concurrent reader), and closed by
 `with`, `async with` or `aclose()`.
+
+`size_of` (optional) prices each item in bytes; `num_bytes` is then what waits for the reader, so the
+bridge can drop a reader that stopped reading (a client whose socket is full) before its backlog grows
+without bound (EngineConfig.max_stream_buffer_bytes).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 import trio
@@ -27,10 +31,12 @@ T = TypeVar("T")
 
 
 class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
-    __slots__ = ("_items", "_reader", "_ended", "_closed")
+    __slots__ = ("_items", "_reader", "_ended", "_closed", "_size_of", "num_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, size_of: Callable[[T], int] | None = None) -> None:
         self._items: deque[T] = deque()
+        self._size_of = size_of
+        self.num_bytes = 0  # the priced size of what is queued (0 without size_of)
         self._reader: trio.lowlevel.Task | None = None  # the task parked in receive(), if any
         self._ended = False  # the writer is done: the reader gets what is queued, then the end
         self._closed = False  # the reader closed it: puts are refused
@@ -44,6 +50,8 @@ class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
         if self._ended:
             raise trio.ClosedResourceError("put after the stream ended")
         self._items.append(item)
+        if self._size_of is not None:
+            self.num_bytes += self._size_of(item)
         self._wake()
         return True
 
@@ -63,7 +71,7 @@ class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
     def receive_nowait(self) -> T:
         self._check_open()
         if self._items:
-            return self._items.popleft()
+            return self._take()
         if self._ended:
             raise trio.EndOfChannel
         raise trio.WouldBlock
@@ -84,9 +92,15 @@ class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
                 raise end
             await self._park()
             if self._items:  # parking was the checkpoint: what woke the reader is taken without another
-                return self._items.popleft()
-        item = self._items.popleft()  # taken before the checkpoint, as a memory channel does
+                return self._take()
+        item = self._take()  # taken before the checkpoint, as a memory channel does
         await cancel_shielded_checkpoint()
+        return item
+
+    def _take(self) -> T:
+        item = self._items.popleft()
+        if self._size_of is not None:
+            self.num_bytes -= self._size_of(item)
         return item
 
     def _check_open(self) -> None:
@@ -109,6 +123,7 @@ class DeltaStream(trio.abc.ReceiveChannel[T], Generic[T]):
         ClosedResourceError. Idempotent, and synchronous: no put lands between closing and what follows."""
         self._closed = True
         self._items.clear()
+        self.num_bytes = 0
         self._wake()
 
     def __enter__(self) -> DeltaStream[T]:
