@@ -138,7 +138,8 @@ async def test_allowed_hosts_and_allowed_origins_with_cors(model_dir):
 
 async def test_with_an_api_key_the_key_decides(model_dir):
     """A rebound or cross-site page cannot send the key (browsers send no bearer header on their own)."""
-    async with running_server(model_dir, config(api_key="sekret")) as server, \
+    app_origin = "https://app.example"
+    async with running_server(model_dir, config(api_key="sekret", allowed_origins=(app_origin,))) as server, \
             httpx.AsyncClient(base_url=server.url) as client:
         key = {"Authorization": "Bearer sekret"}
         assert (await client.get("/v1/models", headers={"Host": REBOUND})).status_code == 401
@@ -151,6 +152,14 @@ async def test_with_an_api_key_the_key_decides(model_dir):
             async with open_websocket_url(ws_urls(server)[1], extra_headers=[(b"origin", EVIL.encode())]):
                 pass
         assert rejected.value.status_code == 401
+        # CORS still follows --allowed-origins; a preflight carries no key and is answered before the key check
+        preflight = await client.options("/v1/completions", headers={"Origin": app_origin,
+                                                                     "Access-Control-Request-Method": "POST"})
+        assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == app_origin
+        answer = await client.post("/v1/completions", json=PROMPT, headers={"Origin": app_origin, **key})
+        assert answer.headers["access-control-allow-origin"] == app_origin
+        answer = await client.post("/v1/completions", json=PROMPT, headers={"Origin": EVIL, **key})
+        assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
 
 
 def test_names_a_bind_address_is_reached_by():
