@@ -17,7 +17,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, running_server  # noqa: F401
-from rill.transports.cross_site import CrossSitePolicy, bind_names
+from rill.transports.cross_site import ANY, CrossSitePolicy, hosts_for_bind
 from rill.transports.http import ServerConfig
 from rill.transports.realtime.driver import RealtimeConfig
 
@@ -162,12 +162,17 @@ async def test_with_an_api_key_the_key_decides(model_dir):
         assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
 
 
-def test_names_a_bind_address_is_reached_by():
-    assert bind_names("127.0.0.1") == bind_names("::1") == ()
-    assert bind_names("rill.internal") == ("rill.internal",)
-    assert bind_names("0.0.0.0") and bind_names("0.0.0.0")[1].endswith(".local")
-    policy = CrossSitePolicy.make(api_key=None, allowed_hosts=bind_names("rill.internal"))
+def test_host_checks_follow_the_bind_address_as_ollama_and_vllm_do():
+    """On by default for a loopback bind or a bind to a name; a bind to every interface or to another
+    address is reached by names rill cannot know (container, service and LAN names): off unless
+    --allowed-hosts is given."""
+    assert hosts_for_bind("127.0.0.1") == hosts_for_bind("[::1]") == hosts_for_bind("localhost") == ()
+    assert hosts_for_bind("127.0.0.1", ["a.example"]) == ("a.example",)
+    assert hosts_for_bind("rill.internal") == ("rill.internal",)
+    assert hosts_for_bind("0.0.0.0") == hosts_for_bind("::") == hosts_for_bind("192.168.1.5") == (ANY,)
+    assert hosts_for_bind("0.0.0.0", ["rill"]) == ("rill",)
+    policy = CrossSitePolicy.make(api_key=None, allowed_hosts=hosts_for_bind("rill.internal"))
     assert policy.host_allowed("rill.internal:8000") and policy.host_allowed("RILL.internal.")
     assert not policy.host_allowed("rill.internal.evil.example")
-    assert CrossSitePolicy.make(api_key=None, allowed_hosts=["*"]).host_allowed(REBOUND)
+    assert CrossSitePolicy.make(api_key=None, allowed_hosts=hosts_for_bind("0.0.0.0")).host_allowed("rill:8000")
     assert CrossSitePolicy.make(api_key=None, allowed_origins=["*"]).origin_allowed(EVIL, "127.0.0.1")

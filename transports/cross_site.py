@@ -6,8 +6,11 @@ Without `--api-key` anything that reaches the port may generate, and a browser i
   script then talks to rill as a same-origin server, reading every answer. Its requests carry
   `Host: evil.example:8000`, so a Host that is not a name this server is reached by is refused (403).
   Allowed: any IP literal (a rebound name is never one), `localhost` and `*.localhost` (browsers
-  resolve them to loopback themselves, RFC 6761), the name `--host` binds to, the machine's own
-  name when bound to every interface, and `--allowed-hosts` (`*`: any).
+  resolve them to loopback themselves, RFC 6761), the name `--host` binds to, and `--allowed-hosts`
+  (`*`: any). As Ollama and vLLM decided, the check is on for a loopback bind (the default) or a
+  bind to a name, and off for a bind to every interface or to another address unless
+  `--allowed-hosts` is given: such a server is reached by names rill cannot know (container and
+  service names, LAN names), and an operator who exposes it should set a key.
 - Cross-site requests: a page on another origin may send a "simple" POST (text/plain, no preflight)
   and open a WebSocket (no CORS at all): the server would generate, and a WebSocket's answers are
   readable. A request that carries an `Origin` is refused (403) unless that origin's host is the
@@ -27,13 +30,11 @@ Requests without Host or Origin (curl, the SDKs, servers) are not browsers' and 
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 ANY = "*"
-WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::", "[::]"})
 UNCHECKED_PATHS = frozenset({"/health"})  # liveness probes name the pod or service; /health reveals nothing
 PREFLIGHT_MAX_AGE_S = 600
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -103,12 +104,16 @@ class CrossSitePolicy:
                 (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())]
 
 
-def bind_names(host: str) -> tuple[str, ...]:
-    """The names a server bound to `host` is reached by, besides IP literals and localhost."""
-    if host in WILDCARD_BINDS:
-        name = socket.gethostname()
-        return (name, f"{name}.local") if name else ()
-    return () if _is_ip(_name(host.strip("[]"))) else (host,)
+def hosts_for_bind(host: str, allowed_hosts: Iterable[str] = ()) -> tuple[str, ...]:
+    """`rill serve`'s allowed Host names: --allowed-hosts, and the name --host binds to. A bind to
+    every interface or to a non-loopback address allows every name (ANY) unless --allowed-hosts is
+    given; a loopback bind, or a bind to a name, is checked."""
+    given, name = tuple(allowed_hosts), _name(host.strip("[]"))
+    if name == "localhost" or (_is_ip(name) and ipaddress.ip_address(name).is_loopback):
+        return given
+    if name and not _is_ip(name):
+        return (*given, host)
+    return given or (ANY,)  # every interface ("", 0.0.0.0, ::) or another address
 
 
 def _host_name(host: str) -> str:

@@ -103,7 +103,7 @@ def _cmd_serve(args) -> int:
     from rill.server import run
     from rill.sessions import config as streaming_input_config
     from rill.transports.http import ServerConfig, send_timeout_option
-    from rill.transports.cross_site import bind_names
+    from rill.transports.cross_site import hosts_for_bind
     from rill.transports.realtime.driver import realtime_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -124,7 +124,7 @@ def _cmd_serve(args) -> int:
         media=media_policy.from_args(args),
         limit_mm_per_prompt=parse_limits(args.limit_mm_per_prompt),
         live_video=live_video_config.from_args(args),
-        allowed_hosts=(*(args.allowed_hosts or ()), *bind_names(args.host)),
+        allowed_hosts=hosts_for_bind(args.host, args.allowed_hosts or ()),
         allowed_origins=tuple(args.allowed_origins or ()),
     )
     models = served_models(engine_config(args), model_specs(args.model, args.models, os.environ.get("RILL_MODEL")),
@@ -160,7 +160,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=_env("API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--allowed-hosts", nargs="+", default=_env("ALLOWED_HOSTS", None, lambda v: v.split(",")),
                    metavar="NAME", help="without --api-key: names the Host header may carry besides IP literals, "
-                   "localhost and --host (DNS rebinding; *: any) [RILL_ALLOWED_HOSTS, comma-separated]")
+                   "localhost and --host (DNS rebinding; *: any; checked by default only on a loopback bind or a "
+                   "bind to a name) [RILL_ALLOWED_HOSTS, comma-separated]")
     p.add_argument("--allowed-origins", nargs="+", default=_env("ALLOWED_ORIGINS", None, lambda v: v.split(",")),
                    metavar="ORIGIN", help="web origins (https://app.example) that may call the server, with CORS; "
                    "without --api-key other origins get 403 (default: none but the server's own page; *: any) "
