@@ -342,7 +342,8 @@ def test_events_hold_whitespace_and_close_blocks_in_turn():
     thinking, call = events.message["content"]
     assert thinking == {"type": "thinking", "thinking": "hmm", "signature": ""}
     assert call["type"] == "tool_use" and call["input"] == {"a": 1} and call["id"].startswith("toolu_")
-    assert out[0]["message"]["usage"]["cache_read_input_tokens"] == 4 and out[0]["message"]["usage"]["input_tokens"] == 6
+    started = out[0]["message"]["usage"]
+    assert started["cache_read_input_tokens"] == 4 and started["input_tokens"] == 6
 
 
 def test_translation_puts_tool_results_first_and_continues_a_prefill():
