@@ -26,7 +26,7 @@ MAX_LEN = 128
 TEXTS = ["What is the capital of China?", "Explain gravity", "the quick brown fox"]
 
 
-def save_qwen3_embedding(path: Path, pooling: str = "lasttoken", seed: int = 0) -> Path:
+def save_qwen3_embedding(path: Path, pooling: str = "lasttoken", seed: int = 0, tied: bool = False) -> Path:
     """A random Qwen3 decoder saved as Qwen3-Embedding ships; pooling as 1_Pooling/config.json says."""
     from transformers import Qwen3Config, Qwen3Model
 
@@ -40,7 +40,7 @@ def save_qwen3_embedding(path: Path, pooling: str = "lasttoken", seed: int = 0) 
     save_dir(path, backend, qwen_config())
     cfg = Qwen3Config(vocab_size=backend.get_vocab_size(), hidden_size=HIDDEN, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      max_position_embeddings=MAX_LEN, initializer_range=0.2, tie_word_embeddings=False,
+                      max_position_embeddings=MAX_LEN, initializer_range=0.2, tie_word_embeddings=tied,
                       eos_token_id=eot, bos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
     Qwen3Model(cfg).save_pretrained(path)
@@ -189,3 +189,37 @@ async def test_dimensions_refused_for_a_model_not_trained_for_it(tmp_path):
         short = await post(server, {"input": "hello", "dimensions": 8})
     assert plain.status_code == 200 and len(plain.json()["data"][0]["embedding"]) == 192
     assert short.status_code == 400 and short.json()["error"]["param"] == "dimensions"
+
+
+# -- the model directory, read alone -------------------------------------------------------------------------------
+
+
+def test_a_tied_qwen3_embedding_loads_bare_and_allows_dimensions(tmp_path):
+    """Qwen3-Embedding-0.6B ties its embeddings: loaded bare all the same, and known as an embedder."""
+    from rill.models.loader import load
+    from rill.openai.embedding_model import read_embedding_model
+
+    path = save_qwen3_embedding(tmp_path / "tied", tied=True)
+    model_dir, cfg, _, model = load(path)
+    assert model.embedding_only and model.lm_head.weight is model.embed_tokens.weight
+    info = read_embedding_model(model_dir, cfg, model.embedding_only)
+    assert info.pooling == "last" and info.matryoshka and info.hidden_size == HIDDEN
+
+
+def test_pooling_and_matryoshka_read_from_the_directory(tmp_path):
+    from types import SimpleNamespace
+
+    from rill.openai.embedding_model import read_embedding_model
+
+    cfg = SimpleNamespace(architecture="LlamaForCausalLM", hidden_size=64)
+    plain = read_embedding_model(tmp_path, cfg, False)
+    assert plain.pooling == "last" and not plain.matryoshka
+    (tmp_path / "config.json").write_text(json.dumps({"matryoshka_dimensions": [64, 16, 32]}))
+    (tmp_path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling",
+                                                        "path": "pool"}]))
+    (tmp_path / "pool").mkdir()
+    (tmp_path / "pool" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    listed = read_embedding_model(tmp_path, cfg, False)
+    assert listed.pooling == "mean" and listed.matryoshka and listed.matryoshka_dimensions == (16, 32, 64)
+    (tmp_path / "pool" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    assert read_embedding_model(tmp_path, cfg, False).pooling == "last"  # unsupported: the last token

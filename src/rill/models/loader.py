@@ -181,13 +181,14 @@ def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "
     for rotary in (m for m in model.modules() if isinstance(m, RotaryEmbedding)):
         rotary.inv_freq = rotary.frequencies().to(device)
     text_prefix = _text_prefix(ckpt)
+    if text_prefix == "":
+        model.embedding_only = True  # a bare decoder, shipped to embed (rill.openai.embedding_model reads it)
     for name, param in model.named_parameters():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if name == "lm_head.weight" and _prefix(name, text_prefix) + name not in ckpt:
             if text_prefix == "":  # a bare decoder, shipped to embed: its head is never used, so share
                 model.lm_head.weight = model.embed_tokens.weight  # the embeddings' memory
-                model.embedding_only = True
                 continue
             raise ModelLoadError(f"{model_dir}: 'lm_head.weight' missing and tie_word_embeddings is false")
         _load_param(param, name, ckpt, cfg, text_prefix)
