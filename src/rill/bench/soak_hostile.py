@@ -5,7 +5,8 @@ traffic (issue 52), each written at the socket level, as such a client would be:
   reads again, for --hostile-hold-s; the server must bound what waits for it, not the client;
 - realtime_leaver: a /v1/realtime client that asks for an answer and closes its TCP connection at
   once, with no close handshake (its slot, task and conversation must go);
-- fan_out: one small completions request asking for 32 prompts x n=8 (256 sequences);
+- fan_out: one small completions request asking for 32 prompts x n=8 (256 sequences) or for
+  100 prompts x n=256 (25,600, the issue's request);
 - large_body: a POST that declares 64 MiB and sends as fast as the server takes it for up to 2 s.
 
 Each returns its outcome as the normal kinds do ("2xx", a 4xx status, "5xx", "dropped"); a hostile
@@ -83,7 +84,10 @@ async def realtime_leaver(h: Hostile, rng: random.Random) -> str:
 
 
 async def fan_out(h: Hostile, rng: random.Random) -> str:
-    body = json.dumps({"model": h.model, "prompt": ["What is 2 + 2?"] * 32, "n": 8, "max_tokens": 8}).encode()
+    """Half the time 32 prompts x n=8 (256 sequences: within the cap, fair admission keeps the rest
+    served), half the time the issue's 100 x n=256 (25,600: past --max-sequences-per-request)."""
+    prompts, n = (32, 8) if rng.random() < 0.5 else (100, 256)
+    body = json.dumps({"model": h.model, "prompt": ["What is 2 + 2?"] * prompts, "n": n, "max_tokens": 8}).encode()
     stream = await h.connect()
     async with stream:
         await stream.send_all(h.request("POST", "/v1/completions", body))
