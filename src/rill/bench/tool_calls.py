@@ -37,7 +37,8 @@ def add_arguments(p) -> None:
     add_common_args(p, NAME)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="requests decoding at once")
     p.add_argument("--repeats", type=int, default=3, help="rounds of both sides per batch size (default 3)")
-    p.add_argument("--requests", type=int, default=64, help="answers per round, in waves of the batch size (default 64)")
+    p.add_argument("--requests", type=int, default=64,
+                   help="answers per round, in waves of the batch size (default 64)")
     p.add_argument("--max-tokens", type=int, default=96, help="tokens per answer at most (default 96)")
 
 
