@@ -172,6 +172,7 @@ class LiveTranscriber:
         self.window_samples = speech.core.features.config.n_samples
         self._vad = VoiceActivity(config.turn_detection, self._pause_ms(config))
         self._in_turn = False  # a turn was announced (SpeechStarted) and has not ended
+        self._scored: tuple[str, float | None] | None = None  # semantic_vad: the latest words asked about
         self._incoming: deque[np.ndarray | _Mark] = deque()
         self._num_incoming = 0
         self._ready, self._work, self._progress = trio.Event(), trio.Event(), trio.Event()
@@ -394,6 +395,19 @@ class LiveTranscriber:
             return
         segment.num_heard_samples = len(audio)
         self._commit(segment.agreement.insert(text, speaking=not segment.heard_all_speech))
+        if self._semantic and segment.heard_all_speech:
+            await self._prescore(segment)
+
+    async def _prescore(self, segment: _Segment) -> None:
+        """The pass heard the speech up to the pause: its words will be the final ones (rill.speech.live's
+        final pass is skipped), so the end-of-turn question is asked now and the check at the pause finds
+        its answer ready."""
+        text = _words("".join(self._turn_words) + segment.agreement.unconfirmed)
+        if text and self._turn_end is not None and (self._scored is None or self._scored[0] != text):
+            generation = self._generation
+            probability = await self._turn_end(text)
+            if generation == self._generation:
+                self._scored = (text, probability)
 
     async def _final_pass(self, segment: _Segment) -> None:
         generation, audio = self._generation, segment.samples()
@@ -409,11 +423,12 @@ class LiveTranscriber:
     async def _check_turn(self, check: _TurnCheck) -> None:
         """semantic_vad at a pause: the turn ends at the pause when its words sound finished and the
         speaker is still silent once the model has answered; otherwise the cap (the VAD) ends it."""
-        text = "".join(self._turn_words).strip()
+        text = _words("".join(self._turn_words))
         if not text or self._turn_end is None or not self._still_paused():
             return
         generation = self._generation
-        probability = await self._turn_end(text)
+        ready = self._scored is not None and self._scored[0] == text
+        probability = self._scored[1] if ready else await self._turn_end(text)
         if generation == self._generation and self._still_paused() and ends_turn(
                 self.config.turn_detection.eagerness, probability):
             self._stop_turn(check.speech_end)
@@ -425,7 +440,7 @@ class LiveTranscriber:
     async def _end_turn(self, end: _TurnEnd) -> None:
         text = "".join(self._turn_words).strip()
         audio_s = self._turn_samples / SAMPLE_RATE
-        self._turn_words, self._turn_samples = [], 0
+        self._turn_words, self._turn_samples, self._scored = [], 0, None
         self._emit(TranscriptDone(text, audio_s, end.final, end.by_commit))
 
     def _commit(self, words: list[str]) -> None:
@@ -448,3 +463,7 @@ class LiveTranscriber:
             if delta.finished is not None:
                 return self._tokenizer.decode(delta.finished.token_ids)
         raise RillError("the speech engine ended a pass without a transcription")
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
