@@ -154,9 +154,10 @@ class Settings:
         if ga and self.session_type == "transcription":
             return GATranscriptionSession(id=session_id, audio=audio)
         if ga:
-            return GASession(id=session_id, model=self.model, output_modalities=["text"], instructions=self.instructions,
-                             tools=self.tools, tool_choice=self.tool_choice, max_output_tokens=self._max_wire,
-                             truncation=self.truncation, audio=audio, output_mode=self.output_mode)
+            return GASession(id=session_id, model=self.model, output_modalities=["text"],
+                             instructions=self.instructions, tools=self.tools, tool_choice=self.tool_choice,
+                             max_output_tokens=self._max_wire, truncation=self.truncation, audio=audio,
+                             output_mode=self.output_mode)
         return Session(
             id=session_id, model=self.model, instructions=self.instructions, modalities=["text"],
             output_modalities=["text"], input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),

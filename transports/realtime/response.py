@@ -16,7 +16,8 @@ import msgspec
 from rill.openai.tool_parser import ToolCallEvent, ToolCallStreamer, new_call_id
 from rill.outputs import RequestDelta
 from rill.transports.realtime.events import (
-    BetaTextDelta, BetaTextDone, ContentPart, ContentPartAdded, ContentPartDone, ConversationItemAdded, ConversationItemCreated, ConversationItemDone,
+    BetaTextDelta, BetaTextDone, ContentPart, ContentPartAdded, ContentPartDone, ConversationItemAdded,
+    ConversationItemCreated, ConversationItemDone,
     ErrorDetail, FunctionCallArgumentsDelta, FunctionCallArgumentsDone, InputTokenDetails, Item, OutputItemAdded,
     OutputItemDone, OutputTextDelta, OutputTextDone, OutputTokenDetails, Response, ResponseCreated, ResponseDone,
     ServerEvent, StatusDetails, Usage, new_id,

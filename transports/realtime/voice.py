@@ -216,8 +216,9 @@ class VoiceInput:
             self._heard.append(text)
         if text or event.by_commit:  # a committed buffer of silence is an item too, with an empty transcript
             self._commit_item(item_id, text)  # (a sound VAD heard that held no words makes no item)
-            self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text, content_index=self._audio_index(
-                item_id), usage=TranscriptUsage(round(event.audio_s, 3))))
+            self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text,
+                                                       content_index=self._audio_index(item_id),
+                                                       usage=TranscriptUsage(round(event.audio_s, 3))))
         if event.final:
             self.conn.emit(TranscriptionDone(text=" ".join(self._heard)))
         if event.by_commit and self.num_pending_commits:
