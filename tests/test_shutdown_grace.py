@@ -1,0 +1,103 @@
+"""SIGTERM within the grace, whatever clients do (issue 52, item 8): a real `rill serve` (rill-tiny)
+on 127.0.0.1 with streams that outlast --shutdown-grace-s and one client that stopped reading.
+Before the fix the streams got neither an error event nor [DONE] (0 of 20), and the process waited
+for the non-reading client to close its socket, well past the grace."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+import trio
+
+from helpers_hostile import post_and_never_read
+from helpers_server import parse_sse
+
+GRACE_S = 4.0
+NUM_READERS = 6
+LONG = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 20_000,
+        "ignore_eos": True, "stream": True}
+
+
+async def test_sigterm_ends_running_streams_with_an_error_event_and_exits_within_the_grace(tmp_path):
+    # No send timeout and no stream buffer bound: only the grace may end the non-reader's stream.
+    flags = ["--shutdown-grace-s", str(GRACE_S), "--send-timeout-s", "0", "--max-stream-buffer-bytes", "0"]
+    async with rill_serve(tmp_path, flags) as (process, url, stderr_path):
+        hostile = await post_and_never_read(url, "/v1/chat/completions", LONG)
+        try:
+            raws, exit_s = await _readers_then_sigterm(process, url)
+        finally:
+            await hostile.aclose()
+    log = stderr_path.read_text()
+    ends = [parse_sse(raw)[-1] for raw in raws]
+    # Figures: every reader's stream ends with the shutdown's error event; the process exits 0 within
+    # the grace plus 5 s (the engine's and the interpreter's own shutdown, on a busy 2-core machine),
+    # the non-reader notwithstanding (before the fix: not until that client closed its socket).
+    assert [end.event for end in ends] == ["error"] * NUM_READERS, [e for e in ends if e.event != "error"]
+    assert {end.json["error"]["code"] for end in ends} == {"server_shutdown"}
+    assert process.returncode == 0, log
+    assert exit_s < GRACE_S + 5, f"exited {exit_s:.1f} s after SIGTERM (grace {GRACE_S} s): {log[-2000:]}"
+
+
+async def _readers_then_sigterm(process, url: str) -> tuple[list[str], float]:
+    """Streams that read everything; SIGTERM once each has content. Their raw SSE, and the seconds
+    from the signal to the process's exit."""
+    raws = [""] * NUM_READERS
+    started = [trio.Event() for _ in range(NUM_READERS)]
+
+    async def read(i: int, client: httpx.AsyncClient) -> None:
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json=LONG) as response:
+                async for text in response.aiter_text():
+                    raws[i] += text
+                    if '"content"' in raws[i]:
+                        started[i].set()
+        except httpx.RemoteProtocolError:  # cut mid-stream (what happened before the fix)
+            raws[i] += "data: (the connection was cut)\n\n"
+
+    with trio.fail_after(120):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client, trio.open_nursery() as nursery:
+            for i in range(NUM_READERS):
+                nursery.start_soon(read, i, client)
+            for event in started:
+                await event.wait()
+            await trio.sleep(1.0)  # the non-reader's socket is full by now
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+    with trio.move_on_after(GRACE_S + 10):  # bounded: the assertion on the time then fails
+        await process.wait()
+    return raws, time.monotonic() - signalled
+
+
+@asynccontextmanager
+async def rill_serve(tmp_path, flags: list[str]):
+    """`rill serve rill-tiny` as a subprocess on a free port: (process, url, stderr path); killed after."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "rill", "serve", "rill-tiny", "--port", "0", "--speech-model", "none",
+               "--num-kv-blocks", "1024", *flags]
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "wb") as stderr:
+        process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL,
+                                                   cwd=tmp_path, env=env)
+        try:
+            yield process, await _bound_url(stderr_path, process), stderr_path
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def _bound_url(stderr_path, process) -> str:
+    with trio.fail_after(90):
+        while True:
+            match = re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", stderr_path.read_text())
+            if match:
+                return match[1]
+            assert process.returncode is None, stderr_path.read_text()
+            await trio.sleep(0.05)
