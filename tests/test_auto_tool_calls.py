@@ -253,3 +253,20 @@ async def test_text_answers_stay_free_and_tool_choice_none_constrains_nothing():
                 "tool_choice": "none", "temperature": 1.0, "seed": 0, "max_tokens": 12})
         assert none.status_code == 200, none.text
         assert none.json()["choices"][0]["message"]["content"].startswith('<tool_call>\n{"name": "G')
+
+
+def test_tool_calls_bench_runs_small_and_its_grammar_side_gets_no_call_wrong(tmp_path):
+    """`rill bench tool-calls` end to end at a tiny size (no timing asserted: figures are reported, not tested)."""
+    pytest.importorskip("matplotlib")
+    from rill.bench import main
+
+    out = tmp_path / "tool-calls.json"
+    assert main(["tool-calls", "--batch-sizes", "1", "2", "--repeats", "1", "--steps", "4", "--requests", "8",
+                 "--json", str(out), "--no-progress"]) == 0
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert [row["batch"] for row in result["rows"]] == [1, 2]
+    assert all(row["tokens_per_s"]["plain"] > 0 and row["tokens_per_s"]["auto_grammar"] > 0 for row in result["rows"])
+    held = result["calls"]["auto_grammar"]
+    assert held["answers"] == 8 and held.get("opened", 0) > 0
+    assert held.get("undeclared_name", 0) == held.get("bad_arguments", 0) == held.get("unparsed", 0) == 0
