@@ -116,6 +116,7 @@ class _Segment:
     num_passed_samples: int = 0  # audio the latest pass began with
     speech_end: int = 0  # stream index after the segment's last speech frame (the VAD's)
     num_heard_samples: int = 0  # audio the latest completed interim pass heard
+    num_reused_samples: int = 0  # audio of the segment it continues (semantic_vad), already counted
 
     @property
     def heard_all_speech(self) -> bool:
@@ -173,6 +174,10 @@ class LiveTranscriber:
         self._vad = VoiceActivity(config.turn_detection, self._pause_ms(config))
         self._in_turn = False  # a turn was announced (SpeechStarted) and has not ended
         self._scored: tuple[str, float | None] | None = None  # semantic_vad: the latest words asked about
+        # semantic_vad: the turn's segment closed at its latest pause and the audio since, which speech
+        # resuming in the same turn continues (see _continue_segment)
+        self._resumable: _Segment | None = None
+        self._gap: list[np.ndarray] = []
         self._incoming: deque[np.ndarray | _Mark] = deque()
         self._num_incoming = 0
         self._ready, self._work, self._progress = trio.Event(), trio.Event(), trio.Event()
@@ -295,6 +300,8 @@ class LiveTranscriber:
         if self._open is not None:
             self._open.add(piece)
             return
+        if self._resumable is not None:
+            self._gap.append(piece)
         keep = self._padding_samples()  # the audio right before `at + len(piece)`, for an onset there
         self._recent = np.concatenate([self._recent, piece])[-keep:] if keep else self._recent[:0]
 
@@ -316,21 +323,46 @@ class LiveTranscriber:
     def _stop_turn(self, speech_end: int) -> None:
         """The detector's end of the turn: SpeechStopped now, the transcript once its passes are done."""
         self._in_turn = False
+        self._resumable, self._gap = None, []
         self._emit(SpeechStopped(speech_end * 1000 // SAMPLE_RATE))
         self._closed.append(_TurnEnd(final=False, by_commit=False))
 
     def _open_segment(self, event: VadEvent) -> None:
         pad, self._recent = self._recent, self._recent[:0]  # it ends where the onset was routed
-        segment = _Segment(start=self._num_routed - len(pad))
-        segment.add(pad.copy())
+        segment = self._continue_segment() if event.kind is Activity.RESUMED else None
+        if segment is None:
+            segment = _Segment(start=self._num_routed - len(pad))
+            segment.add(pad.copy())
+        self._resumable, self._gap = None, []
         self._open = segment
         # After a semantic end of turn the VAD still holds its turn (until the cap): speech then starts a new one.
         if not self._in_turn and self.config.turn_detection is not None:
             self._in_turn = True
             self._emit(SpeechStarted(segment.start * 1000 // SAMPLE_RATE))
 
+    def _continue_segment(self) -> _Segment | None:
+        """semantic_vad waits through pauses, and a recogniser trained on whole utterances hears the words
+        after one badly on their own ("thirty?" alone came out as "Reverse Number of letters"): speech that
+        resumes in the same turn continues the paused segment, its audio and the silence since in front
+        and its words forced as the prefix, while that leaves at least a second of the model's window."""
+        previous = self._resumable
+        if previous is None or not self._in_turn:
+            return None
+        gap = sum(len(piece) for piece in self._gap)
+        limit = self.window_samples - int((WINDOW_MARGIN_S + 1.0) * SAMPLE_RATE)
+        if previous.num_samples + gap > limit:
+            return None
+        segment = _Segment(start=previous.start, agreement=previous.agreement, speech_end=previous.speech_end,
+                           num_reused_samples=previous.num_samples)
+        segment.add(previous.samples())
+        for piece in self._gap:
+            segment.add(piece)
+        return segment
+
     def _close_segment(self) -> None:
         if self._open is not None:
+            if self._semantic:
+                self._resumable, self._gap = self._open, []
             self._closed.append(self._open)
             self._open = None
             covers = self._closed[-1].start + self._closed[-1].num_passed_samples >= \
@@ -348,7 +380,8 @@ class LiveTranscriber:
         audio = segment.samples()
         cut = quietest_sample(audio, max(0, len(audio) - int(CUT_SEARCH_S * SAMPLE_RATE)))
         cut = min(cut, limit)
-        head = _Segment(start=segment.start, agreement=segment.agreement)
+        head = _Segment(start=segment.start, agreement=segment.agreement,
+                        num_reused_samples=min(segment.num_reused_samples, cut))
         head.add(audio[:cut])
         self._closed.append(head)
         rest = _Segment(start=segment.start + cut)
@@ -360,8 +393,10 @@ class LiveTranscriber:
             self._generation += 1
             self._open, self._closed = None, deque()
             self._turn_words, self._turn_samples = [], 0
+            self._resumable, self._gap = None, []
             return
         self._close_segment()
+        self._resumable, self._gap = None, []  # the commit ended the turn: what follows is not its continuation
         self._closed.append(_TurnEnd(final=mark.final))
 
     # -- passes -------------------------------------------------------------------------------------
@@ -417,7 +452,7 @@ class LiveTranscriber:
             text = await self._decode(audio, segment.agreement.prefix)
             self.num_final_passes += 1
         if generation == self._generation:
-            self._turn_samples += len(audio)
+            self._turn_samples += len(audio) - segment.num_reused_samples
             self._commit(segment.agreement.finish(text))
 
     async def _check_turn(self, check: _TurnCheck) -> None:
