@@ -8,6 +8,7 @@ schema share one compiled grammar however their JSON was laid out.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -146,10 +147,22 @@ def _checked_schema(schema: dict[str, Any], param: str) -> dict[str, Any]:
     """Check a schema alone before it is embedded in a larger grammar, so that an error names it."""
     if not isinstance(schema.get("x-guidance", {}), dict):  # _with_options merges rill's settings into it
         raise ValidationError(f"{param} is not a schema rill can enforce: x-guidance must be an object", param=param)
-    message = _grammar_error(_json_grammar(schema, param))
+    invalid, message = _schema_problem(json.dumps(schema, sort_keys=True, ensure_ascii=False))
     if message:
-        raise ValidationError(f"{param} is not a schema rill can enforce: {message}", param=param)
+        problem = "is not a valid JSON Schema" if invalid else "is not a schema rill can enforce"
+        raise ValidationError(f"{param} {problem}: {message}", param=param)
     return schema
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(schema_json: str) -> tuple[bool, str]:
+    """(invalid, message) for a schema's JSON text: message "" when it can be enforced. Cached: every
+    request that lists tools checks each one (tool_choice "auto"), mostly the same few schemas."""
+    try:
+        text = LLMatcher.grammar_from_json_schema(json.loads(schema_json), defaults=JSON_OPTIONS)
+    except ValueError as exc:
+        return True, str(exc)
+    return False, _grammar_error(text)
 
 
 def is_enforceable(schema: Any) -> bool:
