@@ -118,3 +118,15 @@ async def test_async_with_closes_it():
         assert same is stream
     assert not stream.put(1)
     assert isinstance(stream, trio.abc.ReceiveChannel)
+
+
+async def test_priced_items_count_while_queued_and_not_once_taken_or_dropped():
+    stream = DeltaStream(size_of=len)
+    stream.put(b"abc")
+    stream.put(b"de")
+    assert stream.num_bytes == 5
+    assert await stream.receive() == b"abc" and stream.num_bytes == 2
+    assert stream.receive_nowait() == b"de" and stream.num_bytes == 0
+    stream.put(b"fgh")
+    stream.close()  # what was queued is dropped with it
+    assert stream.num_bytes == 0

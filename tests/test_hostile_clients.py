@@ -16,6 +16,9 @@ import trio
 from helpers_hostile import RawRealtimeClient, post_and_never_read, rss_bytes
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, running_server, wait_for  # noqa: F401
+from rill.config import EngineConfig
+from rill.engine.async_engine import SLOW_READER_ERROR, delta_bytes, open_engine
+from rill.outputs import RequestDelta
 from rill.transports.http import ServerConfig
 from rill.transports.realtime.driver import RealtimeConfig
 from rill.transports.realtime.quart_route import realtime_hub
@@ -77,7 +80,8 @@ async def test_slow_sse_readers_are_dropped_past_the_stream_buffer_and_free_kv(m
             for stream in hostile:
                 await stream.aclose()
     assert latency_s < 10, f"a normal request took {latency_s:.1f} s during the attack"
-    assert growth < 150 << 20, f"RSS grew {growth >> 20} MB"  # 4 x 256 KiB of priced output, plus noise
+    # 16.7 MB measured; before the fix, +82 MB in the same 30 s and growing (123,544 tokens generated)
+    assert growth < 64 << 20, f"RSS grew {growth >> 20} MB"
 
 
 async def test_a_write_stalled_past_the_send_timeout_closes_the_connection(model_dir):
@@ -144,3 +148,19 @@ async def _write_without_reading(writer: RawRealtimeClient, hub) -> tuple[float,
                     break
                 num_sent += 1
     return time.monotonic() - started, num_sent
+
+
+async def test_the_stream_buffer_keeps_a_reader_at_its_limit_and_drops_one_past_it(model_dir):
+    """--max-stream-buffer-bytes is inclusive: output priced at exactly the limit waits; one byte
+    more and the request is aborted, its reader getting what it holds, then the error."""
+    deltas = [RequestDelta("req-held", 0, [7], "abc"), RequestDelta("req-held", 0, [8], "de")]
+    limit = sum(delta_bytes(d) for d in deltas)
+    async with open_engine(EngineConfig(model=str(model_dir), num_kv_blocks=64,
+                                        max_stream_buffer_bytes=limit)) as engine:
+        stream = engine._open_stream("req-held")  # a request whose reader never reads (no model step needed)
+        engine._deliver(deltas, engine.stats)
+        assert stream.num_bytes == limit and engine.num_slow_readers == 0  # at the limit: kept
+        engine._deliver([RequestDelta("req-held", 0, [9], "f")], engine.stats)
+        assert engine.num_slow_readers == 1 and "req-held" not in engine._streams  # past it: aborted
+        got = [delta async for delta in stream]
+    assert [d.text for d in got] == ["abc", "de", "f", ""] and got[-1].error == SLOW_READER_ERROR
