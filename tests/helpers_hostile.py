@@ -86,6 +86,10 @@ class RawRealtimeClient:
                         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
         await self.send("response.create", response={"max_output_tokens": max_tokens})
 
+    async def half_close(self) -> None:
+        """Send FIN (no close frame) and keep the socket, unread: the client has left, its kernel stays."""
+        await self.stream.send_eof()
+
     async def leave_abruptly(self) -> None:
         """Close the socket with the answer unread: the kernel resets the connection, no close frame."""
         self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")

@@ -118,11 +118,16 @@ async def test_realtime_clients_that_never_read_or_leave_are_closed_and_counted_
             for client in leavers:
                 await client.ask("hello " * 8, LONG)
             await wait_for(lambda: len(server.engine.core.requests) == 5, seconds=20)
-            await trio.sleep(1.0)  # answers under way, some of them waiting on full sockets
-        finally:
-            for client in leavers:
+            await trio.sleep(1.0)  # answers under way, waiting on full sockets
+            for client in leavers[:3]:  # FIN, their sockets kept unread: the server's writes stall
+                await client.half_close()
+            for client in leavers[3:]:  # a reset: the server's writes fail
                 await client.leave_abruptly()
-        await wait_for(lambda: hub.num_connections == 0 and not server.engine.core.requests, seconds=10)
+            # Figure: all five counted out, their requests aborted, within 10 s (the send timeout is 2 s).
+            await wait_for(lambda: hub.num_connections == 0 and not server.engine.core.requests, seconds=10)
+        finally:
+            for client in leavers[:3]:
+                await client.leave_abruptly()
 
         writer = await RawRealtimeClient.connect(url)
         try:
