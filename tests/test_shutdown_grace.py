@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import httpx
 import trio
 
-from helpers_hostile import post_and_never_read
+from helpers_hostile import RawRealtimeClient, post_and_never_read
 from helpers_server import parse_sse
 
 GRACE_S = 4.0
@@ -27,13 +27,22 @@ LONG = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_
 
 async def test_sigterm_ends_running_streams_with_an_error_event_and_exits_within_the_grace(tmp_path):
     # No send timeout and no stream buffer bound: only the grace may end the non-reader's stream.
-    flags = ["--shutdown-grace-s", str(GRACE_S), "--send-timeout-s", "0", "--max-stream-buffer-bytes", "0"]
+    flags = ["--shutdown-grace-s", str(GRACE_S), "--send-timeout-s", "0", "--max-stream-buffer-bytes", "0",
+             "--ws-port", "0"]
     async with rill_serve(tmp_path, flags) as (process, url, stderr_path):
         hostile = await post_and_never_read(url, "/v1/chat/completions", LONG)
+        ws_url = re.search(r"(ws://127\.0\.0\.1:\d+)", stderr_path.read_text())[1]
+        # realtime clients that never read, on both listeners
+        realtime = [await RawRealtimeClient.connect(u) for u in (url.replace("http", "ws") + "/v1/realtime", ws_url)]
         try:
+            for client in realtime:
+                await client.ask("Count to a thousand.", 20_000)
+                await _fill_with_errors(client)
             raws, exit_s = await _readers_then_sigterm(process, url)
         finally:
             await hostile.aclose()
+            for client in realtime:
+                await client.leave_abruptly()
     log = stderr_path.read_text()
     ends = [parse_sse(raw)[-1] for raw in raws]
     # Figures: every reader's stream ends with the shutdown's error event; the process exits 0 within
@@ -73,6 +82,14 @@ async def _readers_then_sigterm(process, url: str) -> tuple[list[str], float]:
     with trio.move_on_after(GRACE_S + 10):  # bounded: the assertion on the time then fails
         await process.wait()
     return raws, time.monotonic() - signalled
+
+
+async def _fill_with_errors(client: RawRealtimeClient) -> None:
+    """Events the server answers with an error event each (a second response.create while one runs),
+    until the server's writes to this client stall: bounded, 3,000 events or 5 s."""
+    with trio.move_on_after(5):
+        for _ in range(3_000):
+            await client.send("response.create")
 
 
 @asynccontextmanager
