@@ -111,12 +111,13 @@ async def test_body_that_arrives_after_a_405_keeps_the_connection_usable(model_d
 
 async def test_a_body_too_large_to_wait_for_is_answered_with_connection_close(model_dir, monkeypatch):
     monkeypatch.setattr(keepalive, "DRAIN_MAX_BYTES", 16)
+    monkeypatch.setattr(keepalive, "DRAIN_UNREAD_MAX_BYTES", 16)  # a 404's body is one no handler asked for
     body = b'{"input": "a body longer than sixteen bytes"}'
     async with running_server(model_dir) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with trio.fail_after(20):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(_post("/v1/embeddings", body))
+            await stream.send_all(_post("/v1/no-such-route", body))
             status, headers = await _read_response(stream)
             assert status.startswith(b"HTTP/1.1 404") and headers[b"connection"] == b"close"
             assert await stream.receive_some(1024) == b""  # closed by the server, not left hanging

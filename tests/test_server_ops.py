@@ -137,7 +137,7 @@ async def test_requests_that_make_no_trace_log_one_line_each(model_dir, caplog):
     key = {"Authorization": "Bearer k"}
     async with running_server(model_dir, ServerConfig(api_key="k")) as server, \
             httpx.AsyncClient(base_url=server.url) as client:
-        assert (await client.post("/v1/embeddings", json={"input": "x"}, headers=key)).status_code == 404
+        assert (await client.post("/v1/no-such-route", json={"input": "x"}, headers=key)).status_code == 404
         assert (await client.put("/v1/chat/completions", json={}, headers=key)).status_code == 405
         assert (await client.get("/v1/models")).status_code == 401
         assert (await client.get("/v1/models", headers=key)).status_code == 200
@@ -146,7 +146,7 @@ async def test_requests_that_make_no_trace_log_one_line_each(model_dir, caplog):
         await client.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 1}, headers=key)
     lines = [r.getMessage() for r in caplog.records if r.name == "rill.server"]
     assert [line.split(" total_ms=")[0] for line in lines[:5]] == [
-        "POST /v1/embeddings status=404", "PUT /v1/chat/completions status=405", "GET /v1/models status=401",
+        "POST /v1/no-such-route status=404", "PUT /v1/chat/completions status=405", "GET /v1/models status=401",
         "GET /v1/models status=200", "POST /v1/chat/completions status=400"]
     assert len(lines) == 6 and " /v1/chat/completions status=200 prompt_tokens=" in lines[5]
 
