@@ -67,8 +67,8 @@ def test_a_lower_eagerness_needs_more_certainty_and_no_answer_never_ends_a_turn(
 async def test_session_update_takes_semantic_vad_in_both_forms_and_shows_it(llm_dir, speech_dir):
     async with voice_server(llm_dir, speech_dir) as server, voice_client(server) as client:
         beta = await client.update(turn_detection={"type": "semantic_vad"})  # the beta field, GA's session shape
-        assert beta["audio"]["input"]["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto", "create_response": True,
-                                          "interrupt_response": True}
+        assert beta["audio"]["input"]["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto",
+                                                            "create_response": True, "interrupt_response": True}
         for eagerness in ("low", "medium", "high", "auto"):
             ga = await client.update(type="realtime", audio={"input": {"turn_detection": {
                 "type": "semantic_vad", "eagerness": eagerness, "create_response": False}}})

@@ -19,6 +19,7 @@ import math
 
 from rill.errors import RillError
 from rill.sampling_params import SamplingParams
+from rill.transports.realtime.events import RealtimeError
 from rill.transports.realtime.text_input import split_prompt
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,6 @@ class TurnEndScorer:
                     return math.exp(delta.logprobs[0].logprob)
                 if delta.error is not None:
                     break
-        except (RillError, ValueError) as exc:  # a failed question waits for the cap, as server_vad would
+        except (RillError, RealtimeError, ValueError) as exc:  # no answer: the cap ends the turn
             log.warning("semantic_vad: the end-of-turn probability failed: %s", exc)
         return None

@@ -12,7 +12,8 @@ The policy, per pause in the user's speech:
   asked of the engine (a one-token request on the worker, never a model on the trio thread);
 - at or above the eagerness's `FINISHED_AT` the turn ends there ("What is 12 plus 30?");
 - below it the turn waits for more words, up to the eagerness's cap of silence ("What is 12 plus");
-  speech before then continues the same turn.
+  speech before then continues the same turn (and the same recognition segment, so the words after
+  the pause are heard with those before them).
 Without an answer (the scorer failed or the prompt does not fit) the cap ends the turn, as server_vad
 with that silence would. rill.speech.live applies it; the VAD under it is server_vad's (rill.speech.vad).
 """
