@@ -7,9 +7,9 @@ token of what the template writes after a user message: `<|im_end|>` in ChatML, 
 the engine worker as a one-token request over the same prompt the turn's anchor session holds:
 the sampler is made to pick that token (logit_bias) and reports its logprob from the raw logits
 (`logprobs=0`), so the figure is the model's own distribution, untouched by the bias. A one-token
-request rather than prompt logprobs because prompt logprobs score every prompt token and skip
-nothing, where this request shares the anchor's full KV blocks through the prefix cache and
-computes only the tail; and because streaming sessions refuse prompt logprobs.
+request rather than prompt logprobs: prompt logprobs score every prompt token where one is wanted
+(a [prompt, vocab] log-softmax), the full KV blocks this request has in common with the anchor can
+come from the prefix cache, and streaming sessions refuse prompt logprobs anyway.
 """
 
 from __future__ import annotations
