@@ -117,7 +117,8 @@ def vllm_transcribe(url: str, model: str, audio: np.ndarray) -> list[dict]:
 
 @pytest.mark.parametrize("listener", ["http", "raw"])
 async def test_websockets_client_in_vllms_transcription_flow(llm_dir, speech_dir, turn_audio, listener):
-    async with voice_server(llm_dir, speech_dir) as server:
+    """On a server with OpenAI's default (24 kHz): a session opened vLLM's way reads its unnamed audio as 16 kHz."""
+    async with voice_server(llm_dir, speech_dir, ServerConfig(realtime=RealtimeConfig(ws_port=0))) as server:
         with trio.fail_after(90):
             events = await trio.to_thread.run_sync(vllm_transcribe, server.realtime_url(listener),
                                                    str(speech_dir), turn_audio, abandon_on_cancel=True)
@@ -125,5 +126,6 @@ async def test_websockets_client_in_vllms_transcription_flow(llm_dir, speech_dir
     types = [e["type"] for e in events]
     assert types[0] == "session.created" and types[-1] == "transcription.done" and "error" not in types, types
     assert events[1]["type"] == "session.updated" and events[1]["session"]["type"] == "transcription"
+    assert events[1]["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16_000}
     text = "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
     assert events[-1]["text"] == text.strip() != ""

@@ -246,10 +246,6 @@ class RealtimeConnection:
             raise error from exc
 
     def _apply_session_update(self, event: SessionUpdate) -> None:
-        if event.session is None and event.model is not None:  # vLLM's shape: the model at the top level
-            self.speaks_vllm = True
-            if not self.settings.rate_named:
-                self.settings.audio_rate_hz = VLLM_RATE_HZ
         config = event.session or SessionConfig()
         config.model = config.model or event.model
         serving = model_switch.serving_named(self, config.model, self._speech_models)
@@ -261,6 +257,10 @@ class RealtimeConnection:
             except Exception:
                 self.settings.__dict__.update(saved)  # a refused update changes nothing
                 raise
+        if event.session is None and event.model is not None:  # vLLM's shape: the model at the top level
+            self.speaks_vllm = True
+            if not self.settings.rate_named:
+                self.settings.audio_rate_hz = VLLM_RATE_HZ  # what vLLM's clients send, unnamed
         if serving is not self.serving:
             model_switch.use(self, serving)
         self._out.append(SessionUpdated(session=self.settings.wire(self.session_id, self.dialect is Dialect.GA)))
