@@ -40,8 +40,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args):
-    from rill.config import EngineConfig
-
     template = None
     if args.chat_template:
         with open(args.chat_template) as f:
