@@ -14,15 +14,14 @@ from __future__ import annotations
 from contextlib import aclosing
 
 import msgspec
-import trio
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from rill.anthropic.errors import error_body
 from rill.anthropic.events import sse_frame
 from rill.anthropic.messages import count_tokens, create_message, message_events, prepare_message
 from rill.openai.errors import ApiError
 from rill.openai.serving import api_error
-from rill.transports.http import _as_api_error, _json, _sse, _state
+from rill.transports.http import _sse, traced
 
 PREFIX = "/v1/messages"
 
@@ -36,24 +35,11 @@ def anthropic_error(error: ApiError) -> Response:
 
 @anthropic_api.post(PREFIX)
 async def messages() -> Response:
-    serving = _state().serving
-    trace = serving.new_trace(PREFIX, "msg")
-    try:
-        body = await request.get_data()  # past the body limit: a 413
-        serving = _state().models.route_body(body)  # the model it names (404 otherwise)
+    async def respond(serving, trace, body):
         job = await prepare_message(serving, trace, body)
-        if job.stream:
-            return _sse(_stream(serving, job))
-        result = await create_message(serving, job)
-    except trio.Cancelled:
-        serving.finish(trace, 499)  # the client left
-        raise
-    except Exception as exc:  # noqa: BLE001 - every failure becomes an Anthropic error body
-        error = _as_api_error(exc)
-        serving.finish(trace, error.status)
-        return anthropic_error(error)
-    serving.finish(trace, 200)
-    return _json(result)
+        return _sse(_stream(serving, job)) if job.stream else await create_message(serving, job)
+
+    return await traced(PREFIX, "msg", respond, anthropic_error)
 
 
 async def _stream(serving, job):
@@ -73,15 +59,4 @@ async def _stream(serving, job):
 
 @anthropic_api.post(PREFIX + "/count_tokens")
 async def messages_count_tokens() -> Response:
-    serving = _state().serving
-    trace = serving.new_trace(PREFIX + "/count_tokens", "msgcount")
-    try:
-        body = await request.get_data()
-        serving = _state().models.route_body(body)
-        result = await count_tokens(serving, trace, body)
-    except Exception as exc:  # noqa: BLE001
-        error = _as_api_error(exc)
-        serving.finish(trace, error.status)
-        return anthropic_error(error)
-    serving.finish(trace, 200)
-    return _json(result)
+    return await traced(PREFIX + "/count_tokens", "msgcount", count_tokens, anthropic_error)

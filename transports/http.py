@@ -388,27 +388,38 @@ def _anthropic_auth(key: str) -> Response | None:
 # -- generation ------------------------------------------------------------------------------------------------
 
 
-async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Response:
+async def traced(endpoint: str, prefix: str, respond, render_error=None) -> Response:
+    """One request to a model: its body read, the served model it names found, and `respond(serving, trace,
+    body)` awaited. A Response it returns (a stream, which finishes the trace itself) goes out as it is; any
+    other result is the JSON answer. The trace ends with the status: 499 when the client left, the error's
+    for a failure, which `render_error` writes in its API's shape (OpenAI's by default)."""
     serving = _state().serving
     trace = serving.new_trace(endpoint, prefix)
     try:
-        body = await request.get_data()
+        body = await request.get_data()  # past the body limit: a 413
         serving = _state().models.route_body(body)  # the model it names; the trace goes with it (ids are per process)
-        job = await serving.prepare(prepare, trace, body)  # a large body off the trio thread
-        if getattr(job, "media", None) is not None:
-            await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here
-        if job.request.stream:
-            return _sse(stream(serving, job))
-        result = await answer(serving, job)
+        result = await respond(serving, trace, body)
     except trio.Cancelled:
         serving.finish(trace, 499)  # the client left
         raise
-    except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an error body in the API's shape
         error = _as_api_error(exc)
         serving.finish(trace, error.status)
-        return _error(error)
+        return (render_error or _error)(error)
+    if isinstance(result, Response):
+        return result
     serving.finish(trace, 200)
     return _json(result)
+
+
+async def _generate(endpoint: str, prefix: str, prepare, stream, answer) -> Response:
+    async def respond(serving, trace, body):
+        job = await serving.prepare(prepare, trace, body)  # a large body off the trio thread
+        if getattr(job, "media", None) is not None:
+            await load_chat_media(serving, job)  # images and videos decoded off the trio thread; a 400 here
+        return _sse(stream(serving, job)) if job.request.stream else await answer(serving, job)
+
+    return await traced(endpoint, prefix, respond)
 
 
 def _as_api_error(exc: Exception) -> ApiError:
