@@ -5,19 +5,16 @@ for the non-reading client to close its socket, well past the grace."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from contextlib import asynccontextmanager
 
 import httpx
 import trio
 
 from helpers_hostile import RawRealtimeClient, post_and_never_read
 from helpers_server import parse_sse
+from test_server_ops import rill_serve_process
 
 GRACE_S = 4.0
 NUM_READERS = 6
@@ -28,8 +25,8 @@ LONG = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_
 async def test_sigterm_ends_running_streams_with_an_error_event_and_exits_within_the_grace(tmp_path):
     # No send timeout and no stream buffer bound: only the grace may end the non-reader's stream.
     flags = ["--shutdown-grace-s", str(GRACE_S), "--send-timeout-s", "0", "--max-stream-buffer-bytes", "0",
-             "--ws-port", "0"]
-    async with rill_serve(tmp_path, flags) as (process, url, stderr_path):
+             "--ws-port", "0", "--speech-model", "none", "--num-kv-blocks", "1024"]  # the last --num-kv-blocks wins
+    async with rill_serve_process("rill-tiny", tmp_path, flags) as (process, url, stderr_path):
         hostile = await post_and_never_read(url, "/v1/chat/completions", LONG)
         ws_url = re.search(r"(ws://127\.0\.0\.1:\d+)", stderr_path.read_text())[1]
         # realtime clients that never read, on both listeners
@@ -90,31 +87,3 @@ async def _fill_with_errors(client: RawRealtimeClient) -> None:
     with trio.move_on_after(5):
         for _ in range(3_000):
             await client.send("response.create")
-
-
-@asynccontextmanager
-async def rill_serve(tmp_path, flags: list[str]):
-    """`rill serve rill-tiny` as a subprocess on a free port: (process, url, stderr path); killed after."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rill", "serve", "rill-tiny", "--port", "0", "--speech-model", "none",
-               "--num-kv-blocks", "1024", *flags]
-    stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "wb") as stderr:
-        process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL,
-                                                   cwd=tmp_path, env=env)
-        try:
-            yield process, await _bound_url(stderr_path, process), stderr_path
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-
-
-async def _bound_url(stderr_path, process) -> str:
-    with trio.fail_after(90):
-        while True:
-            match = re.search(r"serving .* at (http://127\.0\.0\.1:\d+)", stderr_path.read_text())
-            if match:
-                return match[1]
-            assert process.returncode is None, stderr_path.read_text()
-            await trio.sleep(0.05)
