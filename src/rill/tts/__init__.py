@@ -1,0 +1,8 @@
+"""Speech out: text in (whole or in pieces), audio frames out, then encoded for the wire.
+
+    backend.py     the contract every voice meets (espeak-ng's synthesizer, Kokoro's architecture)
+    libespeak.py   libespeak-ng from the espeakng-loader wheel, loaded and initialised once, in-process
+    clauses.py     text -> clauses, as text arrives: the voice starts at the first clause boundary
+    worker.py      the speech-out worker thread and its trio bridge (no model on the trio thread)
+    audio_out.py   float32 frames -> wav / pcm / flac / mp3 / opus / aac, in pieces
+"""
