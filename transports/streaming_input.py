@@ -118,7 +118,7 @@ async def create_session() -> Response:
         raise ApiError(400, f"streaming_input.api must be one of {sorted(APIS)}", param="streaming_input.api")
     req = decode_body(body, api.request_type)
     run = open_run(_state().serving_for(req.model), _manager(), api, req, owner(), addressable=True,
-                   endpoint=SESSIONS, speech=_speech_engine())
+                   endpoint=SESSIONS, speech=_speech_engine(), voice_out=_voice_out())
     session = run.session
     created = SessionCreated(session.session_id, session.timeout_s, session.state, _started(session),
                              session.next_sequence_id)
@@ -234,7 +234,12 @@ async def _open_from_first_line(api, lines: BodyLines) -> StreamRun:
     req = _at_line(first.number, decode_body, first.data, api.request_type)
     lines.framer.max_line_bytes = _manager().config.max_chunk_bytes * 6 + _LINE_OVERHEAD_BYTES
     return open_run(_state().serving_for(req.model), _manager(), api, req, owner(), addressable=False,
-                    endpoint=api.endpoint, speech=_speech_engine())
+                    endpoint=api.endpoint, speech=_speech_engine(), voice_out=_voice_out())
+
+
+def _voice_out():
+    """The server's speech-out worker, which speaks answers that ask for audio; None when it has no voice."""
+    return getattr(_state(), "speech_out", None)
 
 
 def _speech_engine():

@@ -15,6 +15,7 @@ from contextlib import aclosing
 
 import trio
 
+from rill.openai import sse
 from rill.openai.errors import ApiError, bad_request
 from rill.openai.serving import Serving, api_error
 from rill.openai.streaming_prompt import PromptParts
@@ -23,6 +24,7 @@ from rill.sessions.chunks import InputChunk, Modality, check_chunk
 from rill.sessions.config import OutputMode, SessionOptions, StartPolicy
 from rill.sessions.errors import SessionError, UnsupportedModality
 from rill.openai.streaming_audio import RunAudio, decode_audio_chunk
+from rill.openai.streaming_speech import RunSpeech, speech_settings
 from rill.openai.streaming_video import FRAME_MODALITIES, RunVideo, prepare_frame
 from rill.sessions.manager import SessionManager
 from rill.sessions.session import StreamingSession
@@ -47,9 +49,10 @@ def as_api_error(exc: BaseException) -> ApiError:
 
 
 def open_run(serving: Serving, manager: SessionManager, api, req, owner: str | None, *, addressable: bool,
-             endpoint: str, speech=None) -> StreamRun:
+             endpoint: str, speech=None, voice_out=None) -> StreamRun:
     """Validate a streaming request, open its session (429 past the limits) and its engine session;
-    take its first chunk if it brings one. `speech` (an AsyncSpeechEngine) hears audio chunks."""
+    take its first chunk if it brings one. `speech` (an AsyncSpeechEngine) hears audio chunks;
+    `voice_out` (the speech-out worker) speaks the answer when the request asks for audio."""
     trace = serving.new_trace(endpoint, api.trace_prefix)
     try:
         job, parts = api.prepare(serving, trace, req)
@@ -57,6 +60,7 @@ def open_run(serving: Serving, manager: SessionManager, api, req, owner: str | N
         if mode is OutputMode.RESPOND_PER_CHUNK:
             parts.turn_text = api.turn_text(serving, job)
         _check_prompt_fits(serving, api, job, parts)
+        spoken = speech_settings(req, voice_out, streams=addressable or bool(req.stream))
         serving.check_ready()
         session = manager.open(owner, addressable=addressable)
     except Exception as exc:
@@ -64,6 +68,8 @@ def open_run(serving: Serving, manager: SessionManager, api, req, owner: str | N
         raise
     run = session.run = StreamRun(serving, manager, session, api, job, parts, policy, mode, speech)
     try:
+        if spoken is not None:
+            run.voice = RunSpeech(run, voice_out, *spoken)
         run.open()
         if req.chunk is not None:
             run.push(req.chunk)
@@ -97,6 +103,7 @@ class StreamRun:
         self.speech = speech  # the speech engine for audio chunks (None: they are refused)
         self.audio: RunAudio | None = None  # started by the first audio chunk
         self.video: RunVideo | None = None  # started by the first image or video chunk
+        self.voice: RunSpeech | None = None  # the answer read aloud, when the request asked for audio
         self._prepared: dict[int, tuple[bytes, object]] = {}  # frame chunks decoded: id -> (digest, frame)
         self.api, self.job, self.mode = api, job, mode
         self.request_id = job.trace.request_id
@@ -249,6 +256,8 @@ class StreamRun:
     def on_session_closed(self) -> None:
         """The manager closed the session: free the engine side now, stop reading Mode A's body."""
         self.serving.engine.abort(self.request_id)
+        if self.voice is not None:
+            self.voice.close()
         if self.audio is not None:
             self.audio.close()
         if self.video is not None:
@@ -270,8 +279,12 @@ class StreamRun:
         try:
             async with aclosing(self.api.stream(self.serving, self.job, self._deltas(recv))) as frames:
                 async for frame in frames:
+                    if frame == sse.DONE and self.voice is not None:
+                        await self.voice.wait()  # the last clause's audio comes before the end
                     log.append(frame)
         finally:
+            if self.voice is not None:
+                self.voice.close()
             log.close()
             self.serving.engine.abort(self.request_id)
         ok = self.job.trace.status == 200
@@ -294,9 +307,18 @@ class StreamRun:
     def _on_delta(self, delta: RequestDelta) -> None:
         self.deltas.append(delta)
         self.job.trace.on_delta(delta)
+        if self.voice is not None:
+            self._speak(delta)
         if delta.token_ids and self.session.finished_at_s is not None and not self._first_token_timed:
             self._first_token_timed = True
             self.manager.record_first_token(self.session)
+
+    def _speak(self, delta: RequestDelta) -> None:
+        self.voice.feed(delta.text)
+        if delta.finished or delta.error is not None:
+            self.voice.finish()
+        elif delta.turn_finish_reason is not None:
+            self.voice.end_turn()  # the turn's last clause is spoken now, not with the next turn's first
 
     async def result(self):
         """The answer as one JSON body, once the output is complete; raises the run's error."""

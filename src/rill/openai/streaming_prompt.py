@@ -28,6 +28,7 @@ from rill.openai.errors import bad_request
 from rill.openai.requests import ChatCompletionRequest, CompletionRequest, Message
 from rill.openai.chat_bodies import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice
 from rill.openai.serving import RequestTrace, Serving
+from rill.openai.streaming_speech import AudioOutput
 from rill.outputs import RequestDelta
 from rill.sessions.chunks import InputChunk
 from rill.sessions.config import SessionOptions
@@ -44,12 +45,16 @@ class StreamingChatRequest(ChatCompletionRequest, kw_only=True):
     messages: list[Message] = []
     streaming_input: SessionOptions | None = None
     chunk: InputChunk | None = None  # Mode B: an optional first chunk
+    modalities: list[str] | None = None  # ["text", "audio"]: the answer is spoken too (streaming_speech.py)
+    audio: AudioOutput | None = None
 
 
 class StreamingCompletionRequest(CompletionRequest, kw_only=True):
     prompt: str | list[int] = ""
     streaming_input: SessionOptions | None = None
     chunk: InputChunk | None = None
+    modalities: list[str] | None = None
+    audio: AudioOutput | None = None
 
 
 class StreamingOptionsOnly(msgspec.Struct):
