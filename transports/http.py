@@ -260,6 +260,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     _install_responses(app)
     _install_embeddings(app)
     _install_anthropic(app)
+    _install_speech_stream(app, state)
     app.register_error_handler(HTTPException, _http_error)
     if models is not None:
         state.attach_models(models)
@@ -309,6 +310,12 @@ def _install_anthropic(app: QuartTrio) -> None:
     from rill.transports.anthropic_http import anthropic_api  # it imports this module
 
     app.register_blueprint(anthropic_api)
+
+
+def _install_speech_stream(app: QuartTrio, state: AppState) -> None:
+    from rill.transports.speech_stream_ws import install_speech_stream  # it imports rill.tts
+
+    install_speech_stream(app, lambda: getattr(state, "speech_out", None))
 
 
 def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:
