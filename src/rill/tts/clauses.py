@@ -71,7 +71,7 @@ class ClauseSplitter:
 
     def _next_cut(self, final: bool) -> int | None:
         """The end of the first clause in _buf, or None to wait for more text (or at its end)."""
-        buf, n = self._buf, len(self._buf)
+        n = len(self._buf)
         i = self._pos
         while i < n:
             if i >= self.max_chars:
