@@ -16,6 +16,7 @@ _EXPORTS = {
     "open_engine": "rill.engine.async_engine",
     "EngineConfig": "rill.config",
     "Transcriber": "rill.speech.transcriber",
+    "Synthesizer": "rill.tts.synthesizer",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,6 +11,7 @@
     rill bench transcribe       speech to text: rill vs. transformers and faster-whisper, real-time factor
     rill bench kv-memory        KV bytes of a 32k-token Gemma-3-shaped sequence: per-layer windows vs full attention
     rill bench voice            speech over /v1/realtime: transcript lag, end of speech to first token, streams
+    rill bench speak            speech out: first audio and audio s/s at 1/8/16 concurrent vs kokoro's KPipeline
     rill bench turn-detection   semantic_vad vs server_vad on spoken questions, whole and cut: false commits, latency
     rill bench vision           a picture + question: vision encoder images/s, requests/s vs. transformers
     rill bench live-video       frames streamed over /v1/realtime, a question at the end: first token vs. whole clip
@@ -41,6 +42,8 @@ COMMANDS = {
     "transcribe": ("transcribe", "speech to text at batch 1 and 16 concurrent: rill, transformers, faster-whisper"),
     "kv-memory": ("kv_memory", "KV bytes one long sequence holds: per-layer windows vs full attention, no model"),
     "voice": ("voice", "spoken questions over /v1/realtime: transcript lag, first answer token, concurrent streams"),
+    "speak": ("speak", "speech out at 1, 8 and 16 concurrent requests: time to first audio and audio s/s, rill's "
+              "Kokoro vs the kokoro package's KPipeline; the default voice's first audio as text streams in"),
     "turn-detection": ("turn_detection", "semantic_vad vs server_vad on held-out spoken questions, whole and cut "
                        "mid-phrase: false commits, end of speech to commit p50/p95"),
     "vision": ("vision", "a picture + question at 1 and 16 concurrent, and the vision encoder: rill vs. transformers"),
