@@ -251,7 +251,8 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     if state.server.web_ui:
         state.open_paths = OPEN_PATHS | install_web(app)
     hub = install_realtime(app, state.server.realtime, state.server.api_key, lambda: state.models,
-                           lambda: state.speech.engine if state.speech is not None else None)
+                           lambda: state.speech.engine if state.speech is not None else None,
+                           lambda: getattr(state, "speech_out", None))  # the server's one voice: spoken answers
     state.metrics.attach_realtime(hub)
     hub.cross_site = state.cross_site  # both WebSocket listeners check Host and Origin at the upgrade
     _install_streaming_input(app, state)

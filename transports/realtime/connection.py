@@ -40,6 +40,7 @@ from rill.transports.realtime.events import (
 from rill.transports.realtime import model_switch
 from rill.transports.realtime.model_switch import ServingFor
 from rill.transports.realtime.text_input import InputTurn, split_prompt
+from rill.transports.realtime.spoken import SpokenOutput
 from rill.transports.realtime.voice import SpeechLink, VoiceInput
 from rill.transports.realtime.video import VideoInput
 from rill.transports.realtime.response import Dialect, ResponseStream, end_status
@@ -64,7 +65,7 @@ class RealtimeConnection:
     def __init__(self, serving: Serving, engine: EngineLink, *, dialect: Dialect = Dialect.GA,
                  model: str | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  audio_limits: AudioLimits | None = None, speech: SpeechLink | None = None, video=None,
-                 serving_for: ServingFor | None = None, audio_rate_hz: int = OPENAI_RATE_HZ):
+                 serving_for: ServingFor | None = None, audio_rate_hz: int = OPENAI_RATE_HZ, speech_out=None):
         self.serving, self.engine, self.dialect = serving, engine, dialect
         self.serving_for = serving_for  # another served model by name (session.update; see model_switch)
         self.max_message_bytes = max_message_bytes
@@ -79,6 +80,8 @@ class RealtimeConnection:
         self._speech_models = (speech.model_name,) if speech is not None else ()
         self._audio_item: Item | None = None  # the next committed user message is this audio item
         self.voice.reconfigure()
+        self.spoken = SpokenOutput(self, speech_out)  # speech out: spoken answers (speech_out: its SpeechOutLink)
+        self.settings.speaks = self.spoken.speaks
         self.video = VideoInput(self, video)  # frames and pictures in (video: its VideoLink)
         self.num_requests = 0
         self._turn: InputTurn | None = None
@@ -87,6 +90,7 @@ class RealtimeConnection:
         self._answer_prompt_tokens = 0  # respond_per_chunk: the latest answer's prompt length
         self._pending: list[str] = []  # respond_at_end: text that arrived during a response
         self._pending_commit = False
+        self._speak_next: bool | None = None  # response.create's output_modalities (None: the session's)
         self._out: list[ServerEvent] = []
 
     @property
@@ -160,6 +164,14 @@ class RealtimeConnection:
         try:
             if not self.video.holds(event):  # recognised words join the prompt after the frames before them
                 self.voice.on_event(event)
+        except Exception as exc:  # noqa: BLE001 - as in receive_message
+            self._report(exc, None)
+        return self._take()
+
+    def receive_speech_out(self, event) -> list[ServerEvent]:
+        """One event of the voice speaking this connection's answer (speech_out_link)."""
+        try:
+            self.spoken.on_event(event)
         except Exception as exc:  # noqa: BLE001 - as in receive_message
             self._report(exc, None)
         return self._take()
@@ -250,7 +262,7 @@ class RealtimeConnection:
         config.model = config.model or event.model
         serving = model_switch.serving_named(self, config.model, self._speech_models)
         before, heard, saved = self._prompt_shape(), self.voice.live_config(), dict(self.settings.__dict__)
-        self.settings.update(config, serving, self._speech_models)
+        self.settings.update(config, serving, self._speech_models, self.spoken.resolve_voice)
         if self.voice.live_config() != heard:
             try:
                 self.voice.reconfigure()  # checks the transcription settings against the speech model
@@ -293,6 +305,7 @@ class RealtimeConnection:
             raise RealtimeError("item_in_response", f"item {item_id!r} belongs to the response in progress; cancel "
                                 "it first", "item_id")
         self.conversation.delete(item)
+        self.spoken.forget(item_id)
         self._out.append(ConversationItemDeleted(item_id=item_id))
         self._input_changed()
 
@@ -300,8 +313,11 @@ class RealtimeConnection:
         item = self._find_item(event.item_id)
         if item.role != "assistant":
             raise RealtimeError("invalid_value", "only an assistant message can be truncated", "item_id")
-        raise RealtimeError("invalid_value", f"item {event.item_id!r} has no audio to truncate: this server answers in "
-                            "text (output_modalities [\"text\"])", "content_index")
+        if self.spoken.owns(item):  # the answer still speaking: the user heard this much, so it stops here
+            self.engine.abort(self._request_id)
+            self._end_response("cancelled", StatusDetails("cancelled", "client_cancelled"))
+        self.spoken.truncate(item, event.content_index, event.audio_end_ms)
+        self._input_changed()  # an open turn's prompt holds the words cut
 
     def _input_changed(self) -> None:
         """The conversation or the prompt's shape changed under an open input session."""
@@ -475,6 +491,7 @@ class RealtimeConnection:
         if self.state is State.RESPONDING:
             raise RealtimeError("conversation_already_has_active_response", f"response {self._response.id} is "
                                 "still in progress; cancel it or wait for response.done")
+        self._speak_next = self.spoken.wants_audio(options)  # checks output_modalities before anything starts
         if self.state in (State.STREAMING, State.ANSWERING):
             self.commit_text(options)
             if self.state is State.RESPONDING:
@@ -520,11 +537,19 @@ class RealtimeConnection:
         return self.video.expand(prompt)  # pictures and videos of the conversation placed
 
     def _new_response(self, in_band: bool, max_tokens: int | None) -> ResponseStream:
+        """An in-band response is spoken when the session (or response.create) asks for audio; respond_per_chunk's
+        interim answers are text."""
         parse_tools = self.settings.template_tools is not None and self.serving.options.tool_call_parser is not None
-        return ResponseStream(self.dialect, parse_tools=parse_tools, max_output_tokens=max_tokens,
-                              add_item=self.conversation.add if in_band else None,
-                              conversation_id=self.conversation_id if in_band else None,
-                              tool_prefix=self.settings.forced(self.serving.tokenizer).prompt_text if in_band else "")
+        speak, self._speak_next = self._speak_next, None
+        speak = in_band and (self.spoken.wants_audio(None) if speak is None else speak)
+        response = ResponseStream(self.dialect, parse_tools=parse_tools, max_output_tokens=max_tokens,
+                                  add_item=self.conversation.add if in_band else None,
+                                  conversation_id=self.conversation_id if in_band else None,
+                                  tool_prefix=self.settings.forced(self.serving.tokenizer).prompt_text if in_band
+                                  else "", speak=self.spoken.feed if speak else None)
+        if speak:
+            self.spoken.begin(response)
+        return response
 
     def _start_response(self, request_id: str, max_tokens: int | None) -> None:
         self._request_id = request_id
@@ -536,10 +561,15 @@ class RealtimeConnection:
         if delta.num_prompt_tokens < self._answer_prompt_tokens:
             return  # respond_per_chunk: the tail of an answer the final message interrupted
         self._out += self._response.on_delta(delta)
-        if delta.finished:
+        if delta.finished and not self.spoken.text_done(*end_status(delta)):  # else: when its voice is done
             self._end_response(*end_status(delta))
 
+    def end_response(self, status: str, details: StatusDetails | None = None) -> None:
+        """A spoken response's voice is done (spoken.SpokenOutput): it ends with the engine's status."""
+        self._end_response(status, details)
+
     def _end_response(self, status: str, details: StatusDetails | None = None) -> None:
+        self.spoken.end()  # a voice still speaking stops; its last audio goes before the response's end
         self._out += self._response.finish(status, details)
         self._response = self._turn = self._request_id = None
         self._move(Move.END_RESPONSE)

@@ -21,6 +21,7 @@ from rill.transports.realtime.events import (
     AudioFormat, AudioInput, AudioSettings, ContentPart, GASession, GATranscriptionSession, Item, RealtimeError,
     ResponseOptions, RetentionRatio, Session, SessionConfig, Tool, ToolChoiceFunction, TranscriptionSettings, new_id,
 )
+from rill.transports.realtime.voice_out_settings import VoiceOut, modalities_wire, output_wire, voice_out
 from rill.transports.realtime.voice_settings import (
     DEFAULT_TURN_DETECTION, TurnDetection, transcription_settings, turn_detection, turn_detection_wire,
 )
@@ -59,6 +60,8 @@ class Settings:
     session_type: str = "realtime"  # or "transcription": transcribe speech, answer nothing
     turn_detection: TurnDetection | None = DEFAULT_TURN_DETECTION  # None: turns end at input_audio_buffer.commit
     transcription: TranscriptionSettings = field(default_factory=TranscriptionSettings)
+    voice_out: VoiceOut = VoiceOut()  # output modalities, voice, speed, output format
+    speaks: bool = False  # the server has a voice (a speech-out worker): ["audio"] is honoured
 
     @property
     def template_tools(self) -> list[dict] | None:
@@ -81,10 +84,12 @@ class Settings:
         begin with (the call's grammar starts there), as chat completions do (rill.openai.forced_prefix)."""
         return split_forced_prefix(tokenizer, self.tool_prefix) if self.tool_prefix else ForcedPrefix("", "")
 
-    def update(self, config: SessionConfig, serving: Serving, speech_models: tuple[str, ...] = ()) -> None:
+    def update(self, config: SessionConfig, serving: Serving, speech_models: tuple[str, ...] = (),
+               resolve_voice=None) -> None:
         """Apply a session.update after validating all of it (nothing changes when it fails).
 
-        A session whose model is the speech model (vLLM's clients name it) transcribes only."""
+        A session whose model is the speech model (vLLM's clients name it) transcribes only.
+        `resolve_voice` checks a voice name (the speech-out worker's; None: the server has no voice)."""
         new = Settings(**self.__dict__)
         if config.model is not None and config.model in speech_models:
             new.session_type = "transcription"
@@ -100,7 +105,7 @@ class Settings:
         limit = config.max_output_tokens if config.max_output_tokens is not None else config.max_response_output_tokens
         if limit is not None:
             new.max_output_tokens = _token_limit(limit, "session.max_response_output_tokens")
-        _check_modalities(config.output_modalities or config.modalities)
+        new.voice_out = voice_out(config, new.voice_out, resolve_voice)
         _check_truncation(new.truncation)
         _check_tool_choice(new, serving)
         rate = _audio_rate(config)
@@ -150,24 +155,30 @@ class Settings:
     def wire(self, session_id: str, ga: bool = True):
         """The session as session.created / .updated report it: OpenAI's GA shape, or the beta's."""
         audio = AudioSettings(AudioInput(AudioFormat("audio/pcm", self.audio_rate_hz), self.transcription,
-                                         turn_detection_wire(self.turn_detection)))
+                                         turn_detection_wire(self.turn_detection)), output_wire(self.voice_out))
         if ga and self.session_type == "transcription":
             return GATranscriptionSession(id=session_id, audio=audio)
         if ga:
-            return GASession(id=session_id, model=self.model, output_modalities=["text"],
+            return GASession(id=session_id, model=self.model, output_modalities=self.output_modalities,
                              instructions=self.instructions, tools=self.tools, tool_choice=self.tool_choice,
                              max_output_tokens=self._max_wire, truncation=self.truncation, audio=audio,
                              output_mode=self.output_mode)
         return Session(
-            id=session_id, model=self.model, instructions=self.instructions, modalities=["text"],
-            output_modalities=["text"], input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),
+            id=session_id, model=self.model, instructions=self.instructions,
+            modalities=["text", "audio"] if self.output_modalities == ["audio"] else ["text"],
+            output_modalities=self.output_modalities, input_audio_format=AudioFormat("audio/pcm", self.audio_rate_hz),
             temperature=self.temperature, tools=self.tools, tool_choice=self.tool_choice,
             max_response_output_tokens=self._max_wire,
             output_mode=self.output_mode, truncation=self.truncation, type=self.session_type,
             turn_detection=turn_detection_wire(self.turn_detection),
             input_audio_transcription=self.transcription,
-            audio=audio,
+            audio=audio, voice=self.voice_out.voice, output_audio_format=self.voice_out.format.name,
+            speed=self.voice_out.speed,
         )
+
+    @property
+    def output_modalities(self) -> list[str]:
+        return modalities_wire(self.voice_out, self.speaks)
 
     @property
     def _max_wire(self) -> int | str:
@@ -205,15 +216,6 @@ def _check_tool_choice(settings: Settings, serving: Serving) -> None:
     if isinstance(choice, ToolChoiceFunction) and choice.name not in {t.name for t in settings.tools}:
         raise RealtimeError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools",
                             "session.tool_choice")
-
-
-def _check_modalities(modalities: list[str] | None) -> None:
-    """rill answers in text: ["audio"] (the Agents SDK's default) is taken, and session.updated reports
-    the ["text"] it gets; a name that is no modality is an error."""
-    unknown = [m for m in modalities or () if m not in ("text", "audio")]
-    if unknown:
-        raise RealtimeError("invalid_value", f"output_modalities may hold \"text\" and \"audio\"; got {unknown}",
-                            "session.output_modalities")
 
 
 def _audio_rate(config: SessionConfig) -> int | None:

@@ -34,6 +34,7 @@ from rill.transports.realtime.events import RealtimeError, encode, error_event
 from rill.transports.realtime.model_names import is_openai_realtime_model
 from rill.transports.realtime.response import Dialect
 from rill.transports.realtime.speech_link import ItemTranscribed, LiveSpeechLink
+from rill.transports.realtime.speech_out_link import SPEECH_OUT_EVENTS, SpeechOutLink
 from rill.transports.realtime.turn_end import TurnEndScorer
 from rill.transports.realtime.video_link import VIDEO_EVENTS, VideoLink
 
@@ -135,10 +136,12 @@ class RealtimeHub:
     """Admission for both listeners: API key, connection cap, engine readiness, the model named."""
 
     def __init__(self, config: RealtimeConfig, api_key: str | None, get_models: Callable[[], ServedModels | None],
-                 get_speech: Callable[[], object | None] = lambda: None):
+                 get_speech: Callable[[], object | None] = lambda: None,
+                 get_speech_out: Callable[[], object | None] = lambda: None):
         self.config, self.api_key = config, api_key
         self._get_models = get_models  # the served models (None until the engines run)
         self._get_speech = get_speech  # the AsyncSpeechEngine, or None: audio gets audio_not_supported
+        self._get_speech_out = get_speech_out  # the server's speech-out worker (rill.tts.worker), or None: text answers
         self.num_connections = 0
         self.num_refused = 0
         self.cross_site = None  # rill.transports.cross_site.CrossSitePolicy, set by create_app; None: no checks
@@ -156,6 +159,10 @@ class RealtimeHub:
     @property
     def speech(self):
         return self._get_speech()
+
+    @property
+    def speech_out(self):
+        return self._get_speech_out()
 
     def admit(self, headers: Mapping[str, str], subprotocols: Sequence[str], query: Mapping[str, str]
               ) -> Handshake | Refusal:
@@ -273,11 +280,14 @@ async def run_connection(socket: RealtimeSocket, hub: RealtimeHub, handshake: Ha
         speech = hub.speech
         link = LiveSpeechLink(speech, nursery, send_inbox.clone()) if speech is not None else None
         serving = hub.models.serving_for(handshake.model)  # ?model= on the URL (admit checked it)
+        out = hub.speech_out
+        voice = SpeechOutLink(out, nursery, send_inbox.clone()) if out is not None else None
         conn = RealtimeConnection(serving, ChannelEngineLink(serving.engine, nursery, send_inbox),
                                   dialect=handshake.dialect, model=handshake.model,
                                   max_message_bytes=config.max_message_bytes, speech=link,
                                   audio_rate_hz=config.audio_rate_hz,
-                                  video=VideoLink(nursery, send_inbox.clone()), serving_for=hub.models.serving_for)
+                                  video=VideoLink(nursery, send_inbox.clone()), serving_for=hub.models.serving_for,
+                                  speech_out=voice)
         if link is not None:
             link.turn_end = TurnEndScorer(conn)  # semantic_vad asks the connection's chat model
         log.info("realtime connection %s opened (%d open)", conn.session_id, hub.num_connections)
@@ -330,6 +340,8 @@ async def _serve(socket: RealtimeSocket, conn: RealtimeConnection, inbox, idle_t
             events = conn.receive_speech(item)
         elif isinstance(item, VIDEO_EVENTS):
             events = conn.receive_video(item)
+        elif isinstance(item, SPEECH_OUT_EVENTS):
+            events = conn.receive_speech_out(item)
         else:
             events = conn.receive_message(item)
         if not await _send(socket, events):

@@ -117,7 +117,7 @@ class AudioInput(msgspec.Struct):
 
 
 class AudioOutput(msgspec.Struct, omit_defaults=True):
-    """audio.output (GA): accepted; rill answers in text until it speaks, and says so in output_modalities."""
+    """audio.output (GA): the spoken answer's format, voice and speed (voice_out_settings)."""
 
     format: dict | None = None  # {"type": "audio/pcm", "rate": 24000}, audio/pcmu, audio/pcma
     voice: str | dict | None = None
@@ -148,6 +148,9 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     truncation: Literal["auto", "disabled"] | RetentionRatio | None = None  # GA
     input_audio_transcription: TranscriptionSettings | None = None  # beta
     turn_detection: TurnDetectionSettings | None | msgspec.UnsetType = msgspec.UNSET  # beta; null: manual commit
+    voice: str | None = None  # beta: audio.output.voice in GA
+    speed: float | None = None  # beta: audio.output.speed in GA
+    output_audio_format: str | None = None  # beta: pcm16, g711_ulaw or g711_alaw
 
 
 class ResponseOptions(msgspec.Struct, kw_only=True):
@@ -157,6 +160,8 @@ class ResponseOptions(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     max_response_output_tokens: int | Literal["inf"] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    output_modalities: list[str] | None = None  # GA: ["text"] or ["audio"] for this response
+    modalities: list[str] | None = None  # beta name
 
 
 # -- client -> server -----------------------------------------------------------------------------------------
@@ -328,6 +333,9 @@ class Session(msgspec.Struct, kw_only=True):
     turn_detection: TurnDetectionSettings | None = None
     input_audio_transcription: TranscriptionSettings | None = None
     audio: AudioSettings | None = None  # the GA shape of the three audio settings
+    voice: str = "alloy"
+    output_audio_format: str = "pcm16"
+    speed: float = 1.0
 
 
 class GASession(msgspec.Struct, kw_only=True):

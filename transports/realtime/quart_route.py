@@ -17,11 +17,12 @@ _EXTENSION = "rill.realtime"
 
 
 def install_realtime(app: QuartTrio, config: RealtimeConfig, api_key: str | None, get_models,
-                     get_speech=lambda: None) -> RealtimeHub:
+                     get_speech=lambda: None, get_speech_out=lambda: None) -> RealtimeHub:
     """Add the route; the hub it returns also admits the raw listener's connections (one cap for both).
     `get_models` gives the served models (rill.openai.served_models), `get_speech` the speech engine
-    that hears input audio (None: audio is refused)."""
-    hub = RealtimeHub(config, api_key, get_models, get_speech)
+    that hears input audio (None: audio is refused), `get_speech_out` the speech-out worker that speaks
+    answers (None: answers are text)."""
+    hub = RealtimeHub(config, api_key, get_models, get_speech, get_speech_out)
     app.extensions[_EXTENSION] = hub
     app.register_blueprint(realtime_api)
     return hub

@@ -1,7 +1,9 @@
 """One response: the engine's deltas for it -> output items and their events.
 
 Text becomes one assistant message item (`response.output_text.delta`, or `response.text.delta`
-for beta clients); with tools in the session, Hermes `<tool_call>` blocks become function_call
+for beta clients), or in a spoken response (`speak` given) an `output_audio` part whose text goes to
+the voice and comes back clause by clause as `response.output_audio_transcript.delta` and
+`response.output_audio.delta` (`spoken`); with tools in the session, Hermes `<tool_call>` blocks become function_call
 items whose arguments stream as `response.function_call_arguments.delta`. Items are closed
 (`*.done`) when the response ends, then `response.done` carries the items and the usage.
 """
@@ -22,6 +24,7 @@ from rill.transports.realtime.events import (
     OutputItemDone, OutputTextDelta, OutputTextDone, OutputTokenDetails, Response, ResponseCreated, ResponseDone,
     ServerEvent, StatusDetails, Usage, new_id,
 )
+from rill.transports.realtime.speech_out_events import BETA_AUDIO_EVENTS, GA_AUDIO_EVENTS
 
 
 class Dialect(enum.Enum):
@@ -33,6 +36,16 @@ class Dialect(enum.Enum):
     @property
     def text_events(self) -> tuple[type[OutputTextDelta], type[OutputTextDone]]:
         return (OutputTextDelta, OutputTextDone) if self is Dialect.GA else (BetaTextDelta, BetaTextDone)
+
+    @property
+    def audio_events(self) -> tuple[type, type, type, type]:
+        """(audio delta, audio done, transcript delta, transcript done)"""
+        return GA_AUDIO_EVENTS if self is Dialect.GA else BETA_AUDIO_EVENTS
+
+    @property
+    def audio_part(self) -> str:
+        """A spoken assistant message's content: `output_audio` in GA, `audio` in the beta."""
+        return "output_audio" if self is Dialect.GA else "audio"
 
     @property
     def text_part(self) -> str:
@@ -68,7 +81,8 @@ class ResponseStream:
     response is out of band) and returns the id of the item before it."""
 
     def __init__(self, dialect: Dialect, *, parse_tools: bool, add_item: Callable[[Item], str | None] | None,
-                 conversation_id: str | None, max_output_tokens: int | None, tool_prefix: str = ""):
+                 conversation_id: str | None, max_output_tokens: int | None, tool_prefix: str = "",
+                 speak: Callable[[str], None] | None = None):
         self.id = new_id("resp")
         self.dialect = dialect
         self.response = Response(id=self.id, status="in_progress", output=[], conversation_id=conversation_id,
@@ -82,6 +96,14 @@ class ResponseStream:
         self._prefix = tool_prefix  # the forced start of a call, in the prompt: parsed with the first delta
         self._events: list[ServerEvent] = []
         self._previous: dict[str, str | None] = {}  # in-band items: the item before each (conversation.item.done)
+        self._speak = speak  # a spoken response: the message's text goes to the voice, not to the client
+        if speak is not None:
+            self.response.output_modalities = ["audio"]
+
+    @property
+    def message(self) -> Item | None:
+        """The assistant message item, once the answer has text."""
+        return self._message
 
     def created(self) -> ResponseCreated:
         return ResponseCreated(response=msgspec.structs.replace(self.response, output=[]))
@@ -134,20 +156,37 @@ class ResponseStream:
             if not text:
                 return
             self._open_message()
+        if self._speak is not None:
+            self._speak(text)  # its transcript comes with its audio (spoken)
+            return
         self._message.content[0].text += text
         delta_event = self.dialect.text_events[0]
         self._events.append(delta_event(response_id=self.id, item_id=self._message.id, output_index=self._index(
             self._message), content_index=0, delta=text))
 
+    def spoken(self, transcript: str, audio: list[str]) -> list[ServerEvent]:
+        """A clause of the spoken message: its transcript piece, then its audio (base64 pieces)."""
+        message = self._message
+        message.content[0].transcript += transcript
+        audio_delta, _, transcript_delta, _ = self.dialect.audio_events
+        ids = {"response_id": self.id, "item_id": message.id, "output_index": self._index(message), "content_index": 0}
+        if transcript:
+            self._events.append(transcript_delta(**ids, delta=transcript))
+        self._events += [audio_delta(**ids, delta=piece) for piece in audio]
+        return self._take()
+
     def _open_message(self) -> None:
         item_id = new_id("item")
+        part = ContentPart(self.dialect.text_part, text="") if self._speak is None else \
+            ContentPart(self.dialect.audio_part, transcript="")
         self._message = Item(type="message", id=item_id, object="realtime.item", status="in_progress",
-                             role="assistant", content=[ContentPart(self.dialect.text_part, text="")])
+                             role="assistant", content=[part])
         snapshot = Item(type="message", id=item_id, object="realtime.item", status="in_progress",
                         role="assistant", content=[])
         index = self._open(self._message, snapshot)
+        added = ContentPart("text", text="") if self._speak is None else ContentPart("audio", transcript="")
         self._events.append(ContentPartAdded(response_id=self.id, item_id=item_id, output_index=index,
-                                             content_index=0, part=ContentPart("text", text="")))
+                                             content_index=0, part=added))
 
     def _call(self, call: ToolCallEvent) -> None:
         if call.name is not None:
@@ -168,7 +207,13 @@ class ResponseStream:
     def _close_item(self, index: int, item: Item, status: str) -> None:
         item.status = status
         ids = {"response_id": self.id, "item_id": item.id, "output_index": index}
-        if item.type == "message":
+        if item.type == "message" and self._speak is not None:
+            _, audio_done, _, transcript_done = self.dialect.audio_events
+            transcript = item.content[0].transcript
+            self._events += [audio_done(**ids, content_index=0),
+                             transcript_done(**ids, content_index=0, transcript=transcript),
+                             ContentPartDone(**ids, content_index=0, part=ContentPart("audio", transcript=transcript))]
+        elif item.type == "message":
             part = item.content[0]
             self._events.append(self.dialect.text_events[1](**ids, content_index=0, text=part.text))
             self._events.append(ContentPartDone(**ids, content_index=0, part=ContentPart("text", text=part.text)))

@@ -3,7 +3,8 @@
 
     input_audio_buffer.append  -> AudioInput (decode, resample, caps) -> SpeechLink.feed
     recogniser: SpeechStarted  -> input_audio_buffer.speech_started (+ barge-in: the answer in
-                                  flight is cancelled, reason turn_detected)
+                                  flight is cancelled, reason turn_detected, and a spoken answer
+                                  still playing is cut to what was heard: spoken.barge_in)
                 TranscriptDelta-> conversation.item.input_audio_transcription.delta, vLLM's
                                   transcription.delta, and in a realtime session the same words
                                   appended to the user turn through the streamed-text path, so
@@ -195,8 +196,10 @@ class VoiceInput:
     def _started(self, event: SpeechStarted) -> None:
         self.conn.emit(SpeechStartedEvent(audio_start_ms=event.audio_start_ms, item_id=self._item()))
         turn = self.conn.settings.turn_detection
-        if turn is not None and turn.interrupt_response and self.conn.state is State.RESPONDING:
-            self.conn.interrupt()  # barge-in
+        if turn is not None and turn.interrupt_response:
+            if self.conn.state is State.RESPONDING:
+                self.conn.interrupt()  # barge-in
+            self.conn.spoken.barge_in()  # a spoken answer still playing: cut to what was heard by now
 
     def _delta(self, text: str) -> None:
         item_id = self._item()
