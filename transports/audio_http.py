@@ -74,7 +74,7 @@ class SpeechServing:
         if self.engine is None:
             return []
         runtime = self.engine.core.runtime
-        return [ModelCard(name, self.created, runtime.config.max_target_positions, root=str(runtime.path),
+        return [ModelCard(name, self.created, runtime.max_model_len, root=str(runtime.path),
                           task="transcription", input_modalities=["audio"]) for name in self.model_names]
 
     def model_card(self, name: str) -> ModelCard | None:

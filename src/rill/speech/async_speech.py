@@ -218,17 +218,29 @@ class AsyncSpeechEngine:
         self._send(Shutdown())
 
 
+def speech_core(directory: Path, **core_kwargs):
+    """The core for the directory's kind, read from config.json's model_type: Kyutai STT streams
+    (rill.speech.kyutai), anything else is a Whisper directory. Both offer SpeechCore's interface."""
+    from rill.speech.kyutai.loader import is_kyutai_dir
+
+    if is_kyutai_dir(directory):
+        from rill.speech.kyutai.core import KyutaiCore
+
+        return KyutaiCore(str(directory), **core_kwargs)
+    return SpeechCore(str(directory), **core_kwargs)
+
+
 @asynccontextmanager
 async def open_speech_engine(path: str | Path = RILL_TINY_SPEECH, *, model_name: str | None = None,
                              **core_kwargs) -> AsyncIterator[AsyncSpeechEngine]:
     """Load the model (in a thread), run the speech worker thread for the block's duration.
 
-    `path` is "rill-tiny-speech" or a local Whisper directory; `model_name` is the name clients use
+    `path` is "rill-tiny-speech" or a local Whisper or Kyutai STT directory; `model_name` is the name clients use
     (default: `path` as given)."""
     directory = resolve_speech_model(path)
     if not directory.is_dir():
         raise ModelLoadError(f"no speech model at {directory}")
-    core = await trio.to_thread.run_sync(lambda: SpeechCore(str(directory), **core_kwargs))
+    core = await trio.to_thread.run_sync(lambda: speech_core(directory, **core_kwargs))
     engine = AsyncSpeechEngine(core, trio.lowlevel.current_trio_token(), model_name or str(path))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(

@@ -299,6 +299,11 @@ class WhisperRuntime:
     device: torch.device
     special_ids: frozenset[int]  # ids the tokenizer marks special (<|en|>, <|notimestamps|>, ...)
 
+    @property
+    def max_model_len(self) -> int:
+        """/v1/models' context length: decoder tokens per window."""
+        return self.config.max_target_positions
+
     def new_cache(self, rows: int) -> KVCache:
         return KVCache.empty(self.config, rows, self.dtype, self.device)
 

@@ -76,7 +76,7 @@ class MimiSpec:
             c.get("pad_mode", "constant"), c.get("num_hidden_layers", 8), heads, c.get("num_key_value_heads", heads),
             c.get("head_dim") or hidden // heads, c.get("intermediate_size", 2048), c.get("hidden_act", "gelu"),
             c.get("norm_eps", 1e-5), _rope_theta(c), c.get("sliding_window", 250), c.get("attention_bias", False),
-            c.get("codebook_size", 2048), c.get("codebook_dim") or hidden, c.get("num_quantizers", 32),
+            c.get("codebook_size", 2048), c.get("codebook_dim", 256) or hidden, c.get("num_quantizers", 32),
             c.get("num_semantic_quantizers", 1), c.get("vector_quantization_hidden_dimension", 256))
 
 

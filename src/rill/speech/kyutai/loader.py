@@ -46,6 +46,11 @@ class KyutaiRuntime:
     def frame_size(self) -> int:
         return self.spec.codec.frame_size
 
+    @property
+    def max_model_len(self) -> int:
+        """/v1/models' context length: the decoder positions one step attends (a stream has no end)."""
+        return self.spec.sliding_window
+
 
 def is_kyutai_dir(path: str | Path) -> bool:
     """Whether config.json names Kyutai STT (the model-kind dispatch reads only this)."""
