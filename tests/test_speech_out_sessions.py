@@ -4,13 +4,16 @@ and the requests that cannot have it refused in OpenAI's error shape."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from helpers_models import make_model_dir
-from helpers_server import assert_nothing_left, one_torch_thread, running_server  # noqa: F401
+from helpers_server import assert_nothing_left, one_torch_thread, parse_sse, running_server  # noqa: F401
+from helpers_voice_out import needs_voice, running_voice_server
 
 NDJSON = {"content-type": "application/x-ndjson"}
 SESSIONS = "/v1/streaming_input/sessions"
@@ -51,4 +54,63 @@ async def test_audio_output_without_a_voice_is_refused_and_leaves_nothing(model_
         plain = {**first, "modalities": ["text"]}  # text only: the audio field alone does not ask for speech
         response = await client.post("/v1/chat/completions", content=ndjson(plain, {"payload": "hi"}), headers=NDJSON)
         assert response.status_code == 200 and "data: [DONE]" in response.text
+        await assert_nothing_left(server)
+
+
+def spoken_frames(text: str) -> tuple[list[dict], str, list[int]]:
+    """(audio objects, content text, frame index of each audio chunk) of a chat SSE body that ends in [DONE]."""
+    frames = parse_sse(text)
+    assert frames[-1].data == "[DONE]", text[-300:]
+    audio, content, where = [], [], []
+    for i, frame in enumerate(frames[:-1]):
+        delta = frame.json["choices"][0]["delta"] if frame.json["choices"] else {}
+        if "audio" in delta:
+            audio.append(delta["audio"])
+            where.append(i)
+        content.append(delta.get("content") or "")
+    return audio, "".join(content), where
+
+
+def check_audio(audio: list[dict], content: str) -> None:
+    assert audio, "no audio chunk"
+    assert len({a["id"] for a in audio}) == 1
+    pcm = np.frombuffer(b"".join(base64.b64decode(a["data"]) for a in audio), dtype="<i2")
+    assert len(pcm) / 24000 > 0.3 and np.abs(pcm).max() > 100  # audible speech at 24 kHz
+    spoken = " ".join(a["transcript"] for a in audio)
+    assert words(spoken) == words(content)  # every word of the answer is said, in order, once
+
+
+def words(text: str) -> list[str]:
+    return [w for w in text.split() if any(c.isalnum() for c in w)]  # a clause of punctuation alone is not said
+
+
+@needs_voice
+async def test_mode_a_speaks_the_answer_as_delta_audio_beside_the_text(model_dir):
+    async with running_voice_server(model_dir) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        first = {"messages": [{"role": "user", "content": "Say: "}], **ANSWER, **SPOKEN}
+        body = ndjson(first, {"payload": "the quick"}, {"payload": " brown fox", "end_of_input": True})
+        response = await client.post("/v1/chat/completions", content=body, headers=NDJSON)
+        assert response.status_code == 200, response.text
+        audio, content, _ = spoken_frames(response.text)
+        check_audio(audio, content)
+        await assert_nothing_left(server)
+
+
+@needs_voice
+async def test_mode_b_events_carry_the_spoken_answer_and_a_bad_voice_is_refused(model_dir):
+    async with running_voice_server(model_dir) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        body = {"messages": [{"role": "user", "content": "Say: "}], **ANSWER, **SPOKEN, "stream": False}
+        response = await client.post(SESSIONS, json={**body, "audio": {"voice": "nobody"}})
+        assert_error(response, 400, "audio.voice")
+        response = await client.post(SESSIONS, json={**body, "audio": {"voice": "alloy", "format": "mp3"}})
+        assert_error(response, 400, "audio.format")
+        response = await client.post(SESSIONS, json={**body, "audio": {"speed": 4.5}})
+        assert_error(response, 400, "audio.speed")
+        session_id = (await client.post(SESSIONS, json=body)).json()["session_id"]
+        await client.post(f"{SESSIONS}/{session_id}/chunks", json={"sequence_id": 0, "payload": "hello there"})
+        await client.post(f"{SESSIONS}/{session_id}/finish")
+        events = await client.get(f"{SESSIONS}/{session_id}/events")
+        without_ids = "\n".join(line for line in events.text.split("\n") if not line.startswith("id: "))
+        audio, content, _ = spoken_frames(without_ids)
+        check_audio(audio, content)
         await assert_nothing_left(server)

@@ -241,7 +241,9 @@ async def speech_stream_route():
     if refusal is not None:
         return Response(msgspec.json.encode(refusal.body), status=refusal.status, content_type="application/json")
     await websocket.accept()
-    await SpeechStream(_QuartSocket(), current_app.extensions["rill.speech_stream"]()).run()
+    out = current_app.extensions["rill.speech_stream"]()
+    # The timeouts are read here, not bound at import, so a test can shorten them.
+    await SpeechStream(_QuartSocket(), out, config_timeout_s=CONFIG_TIMEOUT_S, idle_timeout_s=IDLE_TIMEOUT_S).run()
     return None
 
 

@@ -25,7 +25,7 @@ import msgspec
 
 from rill.tts.clauses import ClauseSplitter, split_text
 
-MAX_MESSAGE_BYTES = 64 * 1024  # one client message; a text delta is far smaller
+MAX_MESSAGE_BYTES = 16 * 1024  # one client message; a text delta is far smaller
 MAX_UTTERANCE_CHARS = 32 * 1024  # text between two input.done (OpenAI's /v1/audio/speech takes 4,096 a request)
 CONFIG_TIMEOUT_S = 10.0  # the first message must come by then (vLLM-Omni's figure)
 IDLE_TIMEOUT_S = 30.0  # no message for this long closes an idle connection (vLLM-Omni's figure)
