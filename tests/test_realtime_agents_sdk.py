@@ -5,7 +5,9 @@ session.update (model `gpt-realtime-2.1`, transcription `gpt-4o-mini-transcribe`
 `semantic_vad`, output modalities ["audio"], PCM16 at 24 kHz) and validates every server event against
 its pydantic models; a validation failure reaches the session as an error event, which these tests
 count. rill serves rill-tiny and rill-tiny-speech: a typed question and a spoken one (espeak-ng at
-24 kHz) each call get_weather, the SDK runs it and sends the result, and rill-tiny answers from it.
+24 kHz) each call get_weather, the SDK runs it and sends the result, and rill-tiny answers from it. On a
+server with a voice (espeak-ng on the speech-out worker) the SDK's ["audio"] is honoured: the answer
+comes back spoken, as the SDK's audio events, with its transcript.
 
 openai-agents comes with the `frameworks` extra, in its own venv (.ci/run: .venv-fw); without it the
 module skips. The SDK is asyncio, so it runs in a worker thread beside the trio server.
@@ -61,7 +63,7 @@ def run_agent(url: str, audio: bytes | None) -> dict:
     async def main() -> dict:
         agent = RealtimeAgent(name="Assistant", instructions="You are a helpful assistant.",
                               tools=[function_tool(get_weather)])
-        seen = {"errors": [], "server_events": [], "tool_ends": 0, "answer": None}
+        seen = {"errors": [], "server_events": [], "tool_ends": 0, "answer": None, "audio_bytes": 0}
         session = await RealtimeRunner(starting_agent=agent).run(model_config={"url": url, "api_key": "none"})
         async with session:
             if audio is None:
@@ -97,10 +99,13 @@ def _record(seen: dict, event) -> None:
         seen["server_events"].append(event.data.data)
     elif event.type == "tool_end":
         seen["tool_ends"] += 1
+    elif event.type == "audio":  # the spoken answer, as the SDK hands it to a player
+        seen["audio_bytes"] += len(event.audio.data)
     data = event.data.data if event.type == "raw_model_event" and event.data.type == "raw_server_event" else {}
     if data.get("type") == "response.done" and seen["tool_ends"]:
         output = data["response"]["output"]
-        texts = [part.get("text") for item in output if item["type"] == "message" for part in item["content"]]
+        texts = [part.get("text", part.get("transcript")) for item in output if item["type"] == "message"
+                 for part in item["content"]]
         if texts:
             seen["answer"] = "".join(t or "" for t in texts)
 
@@ -114,7 +119,7 @@ def server_config() -> ServerConfig:
     return ServerConfig(realtime=RealtimeConfig(ws_port=0))  # OpenAI's defaults: 24 kHz PCM16
 
 
-def check(seen: dict) -> None:
+def check(seen: dict, spoken: bool = False) -> None:
     assert seen["errors"] == [], seen["errors"]
     assert len(get_weather.cities) == 1 and seen["tool_ends"] == 1  # the tool ran once (the city as sampled)
     assert "21°C" in seen["answer"] and "sunny" in seen["answer"], seen["answer"]
@@ -123,7 +128,10 @@ def check(seen: dict) -> None:
     assert session["audio"]["input"]["transcription"]["model"] == "rill-tiny-speech"  # for gpt-4o-mini-transcribe
     assert session["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
     assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24_000}
-    assert session["output_modalities"] == ["text"]  # ["audio"] asked: rill answers in text (and says so)
+    if spoken:  # ["audio"] asked of a server with a voice: the answer is spoken, PCM16 at 24 kHz
+        assert session["output_modalities"] == ["audio"] and seen["audio_bytes"] > 0.5 * 48_000, seen["audio_bytes"]
+    else:  # ["audio"] asked of a server without one: rill answers in text (and says so)
+        assert session["output_modalities"] == ["text"] and seen["audio_bytes"] == 0
     assert [t["name"] for t in session["tools"]] == ["get_weather"] and session["instructions"]
 
 
@@ -146,3 +154,20 @@ async def test_agents_sdk_realtime_agent_hears_24khz_speech_calls_the_tool_and_a
     (completed,) = [e for e in seen["server_events"]
                     if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert "weather" in completed["transcript"].lower(), completed  # rill-tiny-speech: "What is the weather in ..."
+
+
+async def test_agents_sdk_realtime_voice_agent_hears_speech_calls_the_tool_and_answers_aloud():
+    from helpers_voice_out import voice_available
+    from rill.tts.espeak import EspeakBackend
+    from rill.tts.worker import open_speech_out
+
+    if not voice_available():
+        pytest.skip("espeakng-loader (libespeak-ng) is not installed")
+    question = np.concatenate([silence(0.3), speak("What is the weather in Paris?", rate_wpm=140)])
+    async with open_speech_out(EspeakBackend()) as out, \
+            voice_server("rill-tiny", "rill-tiny-speech", server_config()) as server:
+        server.app.extensions["rill"].speech_out = out
+        with trio.fail_after(TURN_TIMEOUT_S + 10):
+            seen = await trio.to_thread.run_sync(run_agent, server.realtime_url("raw"), pcm16_24k(question),
+                                                 abandon_on_cancel=True)
+    check(seen, spoken=True)

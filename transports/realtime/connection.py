@@ -565,7 +565,9 @@ class RealtimeConnection:
             self._end_response(*end_status(delta))
 
     def end_response(self, status: str, details: StatusDetails | None = None) -> None:
-        """A spoken response's voice is done (spoken.SpokenOutput): it ends with the engine's status."""
+        """A spoken response ends from its voice (spoken.SpokenOutput): all said after the engine's end, or the
+        voice failed (then the model's request, which may still be writing, is aborted)."""
+        self.engine.abort(self._request_id)
         self._end_response(status, details)
 
     def _end_response(self, status: str, details: StatusDetails | None = None) -> None:

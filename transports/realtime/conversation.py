@@ -268,6 +268,10 @@ class Conversation:
     def find(self, item_id: str) -> Item | None:
         return next((item for item in self.items if item.id == item_id), None)
 
+    def replace(self, item: Item, new: Item) -> None:
+        """`new` takes `item`'s place (events already made with `item` keep showing it as it was)."""
+        self.items[self.items.index(item)] = new
+
     def delete(self, item: Item) -> None:
         at = self.items.index(item)
         del self.items[at]

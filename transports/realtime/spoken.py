@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from rill.transports.realtime.audio_output import Timeline, WireAudio
-from rill.transports.realtime.events import Item, RealtimeError, ResponseOptions, StatusDetails, error_event
+from rill.transports.realtime.events import ErrorDetail, Item, RealtimeError, ResponseOptions, StatusDetails
 from rill.transports.realtime.response import ResponseStream
 from rill.transports.realtime.speech_out_events import ConversationItemTruncated
 from rill.transports.realtime.speech_out_link import ClauseSpoken, SpeechOutEnded
@@ -110,10 +111,11 @@ class SpokenOutput:
         if isinstance(event, ClauseSpoken):
             self._clause(answer, event)
         elif isinstance(event, SpeechOutEnded):
+            status = answer.status
             if event.error is not None:
-                failure = RealtimeError("speech_out_failed", f"the voice failed: {event.error}", kind="server_error")
-                self.conn.emit(error_event(failure, None))
-            self.conn.end_response(*answer.status)
+                failure = ErrorDetail("server_error", "speech_out_failed", f"the voice failed: {event.error}")
+                status = ("failed", StatusDetails("failed", error=failure))
+            self.conn.end_response(*status)
 
     def _clause(self, answer: _Answer, event: ClauseSpoken) -> None:
         heard = answer.heard
@@ -168,7 +170,9 @@ class SpokenOutput:
         if not 0 <= audio_end_ms <= total_ms:
             raise RealtimeError("invalid_value", f"audio_end_ms must be between 0 and the item's audio duration, "
                                 f"{total_ms} ms; got {audio_end_ms}", "audio_end_ms")
-        parts[content_index].transcript = heard.timeline.text_at(audio_end_ms)
+        cut = msgspec.structs.replace(parts[content_index], transcript=heard.timeline.text_at(audio_end_ms))
+        self.conn.conversation.replace(item, msgspec.structs.replace(item, content=[
+            cut if i == content_index else part for i, part in enumerate(parts)]))
         if self._last == item.id:
             self._last = None  # the client said what it played: no estimate at the next barge-in
         self.conn.emit(ConversationItemTruncated(item_id=item.id, content_index=content_index,
