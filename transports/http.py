@@ -4,6 +4,8 @@
          the same with an NDJSON body            streaming input, Mode A (transports/streaming_input.py)
     /v1/streaming_input/sessions/...             streaming input, Mode B (the same module)
     POST /v1/audio/transcriptions                 speech to text (transports/audio_http.py)
+    POST /v1/audio/speech, GET /v1/audio/voices    text to speech (transports/speech_http.py)
+    WS   /v1/audio/speech/stream                  text in pieces, speech in pieces (transports/speech_stream_ws.py)
     POST /v1/responses                            OpenAI's Responses API (transports/responses_http.py)
     POST /v1/embeddings                           pooled hidden states (transports/embeddings_http.py)
     POST /v1/messages, /v1/messages/count_tokens  Anthropic's Messages API (transports/anthropic_http.py)
@@ -183,6 +185,7 @@ class AppState:
         self.metrics = Metrics(label_models=num_models > 1)  # several models: series labelled model_name
         self.models: ServedModels | None = None
         self.speech = None  # rill.transports.audio_http.SpeechServing, set by create_app
+        self.speech_out = None  # the voice: rill.tts.worker.SpeechOut (rill serve --tts-model), or None
         self.responses = None  # rill.openai.responses_api.background.Responses, set by create_app
         self._stop = trio.Event()
         self.id_prefix = id_prefix(server.replica_id)  # "NAME." on the ids of state this replica holds
@@ -231,10 +234,11 @@ class AppState:
 
 
 def create_app(config: EngineConfig | None = None, server: ServerConfig | None = None, *, engine=None,
-               speech=None, models: list[tuple[list[str], object]] | None = None) -> QuartTrio:
+               speech=None, models: list[tuple[list[str], object]] | None = None, speech_out=None) -> QuartTrio:
     """The app. With `engine`, serve it; with `models`, (served names, engine) pairs its caller runs, serve
     each by name, the first by default; otherwise open one from `config` (default: RILL_MODEL or rill-tiny).
-    `speech` (an AsyncSpeechEngine its caller runs) serves /v1/audio/transcriptions; None: 404 there."""
+    `speech` (an AsyncSpeechEngine its caller runs) serves /v1/audio/transcriptions; None: 404 there.
+    `speech_out` (a rill.tts.worker.SpeechOut its caller runs) is the voice: /v1/audio/speech, spoken answers."""
     app = QuartTrio("rill")
     hypercorn_ws.install()  # keepalive that ends with the WebSocket and closes dead peers; no deflate
     state = AppState(server or ServerConfig.from_env(), num_models=len(models or ()) or 1)
@@ -245,6 +249,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     app.config.update(MAX_CONTENT_LENGTH=state.server.max_body_bytes, RESPONSE_TIMEOUT=None,
                       BODY_TIMEOUT=state.server.body_timeout_s)
     app.extensions["rill"] = state
+    state.speech_out = speech_out
     app.request_class = GatedRequest  # bodies read when a handler asks, within a budget (transports/body_gate.py)
     app.extensions[BODY_BUDGET] = BodyBudget(state.server.max_body_bytes_in_flight)
     app.register_blueprint(api)
@@ -262,6 +267,7 @@ def create_app(config: EngineConfig | None = None, server: ServerConfig | None =
     _install_embeddings(app)
     _install_anthropic(app)
     _install_speech_stream(app, state)
+    _install_speech(app)
     app.register_error_handler(HTTPException, _http_error)
     if models is not None:
         state.attach_models(models)
@@ -317,6 +323,12 @@ def _install_speech_stream(app: QuartTrio, state: AppState) -> None:
     from rill.transports.speech_stream_ws import install_speech_stream  # it imports rill.tts
 
     install_speech_stream(app, lambda: getattr(state, "speech_out", None))
+
+
+def _install_speech(app: QuartTrio) -> None:
+    from rill.transports.speech_http import install_speech  # it imports this module
+
+    install_speech(app)
 
 
 def _install_transcriptions(app: QuartTrio, state: AppState, speech) -> None:
@@ -472,7 +484,11 @@ async def _mode_a(api_name: str) -> Response:
 
 @api.get("/v1/models")
 async def models() -> Response:
-    return _json(ModelList(_state().models.model_cards() + _state().speech.model_cards()))
+    from rill.transports.speech_http import model_cards as voice_cards
+
+    state = _state()
+    voices = voice_cards(state.speech_out, state.speech.created)
+    return _json(ModelList(state.models.model_cards() + state.speech.model_cards() + voices))
 
 
 @api.get("/v1/models/<path:model>")  # path: a served name may be a directory, slashes and all
@@ -480,7 +496,11 @@ async def model(model: str) -> Response:
     try:
         return _json(_state().models.model_card(model))
     except ApiError as exc:
-        card = _state().speech.model_card(model)  # the speech model, when it is that one
+        from rill.transports.speech_http import model_cards as voice_cards
+
+        state = _state()
+        cards = state.speech.model_cards() + voice_cards(state.speech_out, state.speech.created)
+        card = next((c for c in cards if c.id == model), None)  # the speech model or the voice, when it is that one
         return _error(exc) if card is None else _json(card)
 
 

@@ -172,6 +172,19 @@ class Metrics:
                                           "Time to transcribe a recording, once uploaded and decoded, / its length "
                                           "(below 1: faster than real time).",
                                           buckets=_RTF_BUCKETS, registry=self.registry)
+        # POST /v1/audio/speech (transports/speech_http.py)
+        self.speech_requests = Counter("rill_speech_requests", "Speech (text-to-speech) requests answered.",
+                                       ["status"], registry=self.registry)
+        self.speech_characters = Counter("rill_speech_input_characters", "Characters of text spoken.",
+                                         registry=self.registry)
+        self.speech_audio_seconds = Counter("rill_speech_audio_seconds", "Seconds of audio spoken.",
+                                            registry=self.registry)
+        self.speech_real_time_factor = Histogram("rill_speech_real_time_factor",
+                                                 "Time to speak a text / its audio's length (below 1: faster than "
+                                                 "real time).", buckets=_RTF_BUCKETS, registry=self.registry)
+        self.speech_first_audio = Histogram("rill_speech_time_to_first_audio_seconds",
+                                            "Time from a speech request to its first audio bytes.",
+                                            buckets=_LATENCY_BUCKETS_S, registry=self.registry)
         self._engines = _EngineCollector(bool(self._labels))
         self._live_video = _LiveVideoCollector(bool(self._labels))
         self._sessions = None

@@ -128,9 +128,10 @@ def _cmd_serve(args) -> int:
     models = served_models(engine_config(args), model_specs(args.model, args.models, os.environ.get("RILL_MODEL")),
                            args.served_model_name)
     if len(models) > 1:
-        return run(models, server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
+        return run(models, server, args.host, args.port, args.shutdown_grace_s, args.speech_model, args.tts_model)
     server.served_model_names = models[0].names
-    return run(models[0].config, server, args.host, args.port, args.shutdown_grace_s, args.speech_model)
+    return run(models[0].config, server, args.host, args.port, args.shutdown_grace_s, args.speech_model,
+               args.tts_model)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -177,6 +178,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speech-model", default=_env("SPEECH_MODEL", "rill-tiny-speech"),
                    help="rill-tiny-speech (default; skipped with a log line when not in this build), a local "
                         "Whisper directory, or none: the model of /v1/audio/transcriptions")
+    p.add_argument("--tts-model", default=_env("TTS_MODEL", "espeak"),
+                   help="the voice of /v1/audio/speech and spoken answers: espeak (default: espeak-ng's synthesizer, "
+                        "no download), a local Kokoro directory (config.json, .pth or safetensors, voices/), or none")
     p.add_argument("--max-audio-bytes", type=int, default=_env("MAX_AUDIO_BYTES", 25 * 1000 * 1000, int),
                    help="largest file /v1/audio/transcriptions accepts (413 past it; default 25 MB as OpenAI's)")
     p.add_argument("--keep-alive-timeout-s", type=float, default=_env("KEEP_ALIVE_TIMEOUT_S", 20.0, float),

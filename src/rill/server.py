@@ -59,23 +59,27 @@ async def wait_for_stop_signal() -> None:
 
 async def serve(engine_config: EngineConfig | list[ServedModel], server_config: ServerConfig,
                 host: str = "127.0.0.1", port: int = 8000, grace_s: float = 10.0, *, speech_model: str | None = None,
-                shutdown_trigger=wait_for_stop_signal, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                tts_model: str | None = "espeak", shutdown_trigger=wait_for_stop_signal,
+                task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM) or an engine dies.
     `engine_config`: one model, or several (rill.model_set), each on its own engine in this nursery.
-    `speech_model` ("rill-tiny-speech", a directory, or None) runs the speech worker beside the LLM's.
+    `speech_model` ("rill-tiny-speech", a directory, or None) runs the speech worker beside the LLM's;
+    `tts_model` ("espeak", a Kokoro directory, or None/"none") the speech-out worker (the voice).
     task_status gets the bound URLs once the server listens. Returns the exit status: 1 when
     an engine died, else 0."""
     from rill.speech.async_speech import open_serving_speech  # torch and the Whisper runtime: only when serving
+    from rill.tts.serving import open_serving_voice
 
     models = engine_config if isinstance(engine_config, list) else None
     configs = [engine_config] if models is None else [model.config for model in models]
     async with (open_engines(configs) as llms,
                 open_serving_speech(speech_model, device=configs[0].device) as speech,
+                open_serving_voice(tts_model) as voice,
                 trio.open_nursery() as nursery):
         if models is None:
-            app = create_app(engine=llms[0], server=server_config, speech=speech)
+            app = create_app(engine=llms[0], server=server_config, speech=speech, speech_out=voice)
         else:
-            app = create_app(server=server_config, speech=speech,
+            app = create_app(server=server_config, speech=speech, speech_out=voice,
                              models=[(model.names, llm) for model, llm in zip(models, llms)])
         config = hypercorn_config(host, port, grace_s, server_config)
         realtime, stopping = server_config.realtime, trio.Event()
@@ -133,5 +137,6 @@ async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines, on_sto
 
 
 def run(engine_config: EngineConfig | list[ServedModel], server_config: ServerConfig, host: str, port: int,
-        grace_s: float, speech_model: str | None = None) -> int:
-    return trio.run(partial(serve, engine_config, server_config, host, port, grace_s, speech_model=speech_model))
+        grace_s: float, speech_model: str | None = None, tts_model: str | None = "espeak") -> int:
+    return trio.run(partial(serve, engine_config, server_config, host, port, grace_s, speech_model=speech_model,
+                            tts_model=tts_model))
