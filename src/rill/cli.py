@@ -258,6 +258,43 @@ def add_transcribe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=_env("DEVICE", "cpu"))
 
 
+def _cmd_speak(args) -> int:
+    from pathlib import Path
+
+    from rill.tts.audio_out import FORMATS, encode
+    from rill.tts.backend import UnknownVoice
+    from rill.tts.synthesizer import Synthesizer
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    fmt = args.format or (Path(args.output).suffix.lstrip(".").lower() if args.output else "wav")
+    fmt = {"ogg": "opus", "raw": "pcm"}.get(fmt, fmt)
+    if fmt not in FORMATS:
+        print(f"rill: error: cannot tell the format of {args.output!r}: give --format ({', '.join(FORMATS)})",
+              file=sys.stderr)
+        return 2
+    try:
+        voice = Synthesizer(args.model, voice=args.voice, speed=args.speed)
+    except (UnknownVoice, ValueError) as exc:
+        print(f"rill: error: {exc}", file=sys.stderr)
+        return 2
+    data = encode(voice.speak(text), fmt, voice.sample_rate)
+    if args.output in (None, "-"):
+        sys.stdout.buffer.write(data)
+    else:
+        Path(args.output).write_bytes(data)
+    return 0
+
+
+def add_speak_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("text", help="what to say (- reads standard input)")
+    p.add_argument("-o", "--output", default=None, help="the file to write (default: standard output); its suffix "
+                   "gives the format unless --format does")
+    p.add_argument("--model", default=_env("TTS_MODEL", "espeak"), help="espeak (default) or a local Kokoro directory")
+    p.add_argument("--voice", default=None, help="alloy, ash, ... (GET /v1/audio/voices lists them; default alloy)")
+    p.add_argument("--speed", type=float, default=1.0, help="0.25-4.0 (default 1.0)")
+    p.add_argument("--format", default=None, help="wav (default), pcm, flac, mp3, opus, aac")
+
+
 def _forward(module: str):
     def run(args) -> int:
         import importlib
@@ -286,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("transcribe", help="offline speech to text: print each recording's transcript")
     add_transcribe_args(p)
     p.set_defaults(func=_cmd_transcribe)
+    p = sub.add_parser("speak", help="offline text to speech: write the text spoken to a file")
+    add_speak_args(p)
+    p.set_defaults(func=_cmd_speak)
     for name, module, text in (
         ("train-tiny", "rill.tiny.train", "train rill-tiny from scratch (see its --help)"),
         ("eval-tiny", "rill.tiny.evaluate", "held-out accuracy of rill-tiny per task family"),

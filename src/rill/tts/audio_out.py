@@ -155,6 +155,10 @@ def open_encoder(fmt: str, rate: int = 24_000):
 
 
 def encode(frames: np.ndarray, fmt: str, rate: int = 24_000) -> bytes:
-    """A whole clip in one format."""
+    """A whole clip in one format (a WAV with its real sizes: its length is known)."""
+    if fmt == "wav":
+        buffer = io.BytesIO()
+        soundfile.write(buffer, to_int16(frames), rate, format="WAV", subtype="PCM_16")
+        return buffer.getvalue()
     encoder = open_encoder(fmt, rate)
     return encoder.write(frames) + encoder.close()
