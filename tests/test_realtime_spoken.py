@@ -177,8 +177,9 @@ async def test_truncate_cuts_the_spoken_item_and_the_next_prompt_to_the_audio_he
 ])
 async def test_voice_settings_past_their_limits_are_refused_whole(session, param):
     async with spoken_server() as server, voice_client(server, "raw") as client:
-        at_limits = await client.update(**AUDIO, audio={"output": {"speed": 1.5}})
-        assert at_limits["audio"]["output"]["speed"] == 1.5
+        at_limits = await client.update(**AUDIO, audio={"output": {"speed": 1.5, "voice": {"id": "cedar"}}})
+        assert at_limits["audio"]["output"]["speed"] == 1.5  # cedar: OpenAI's name, in the voice's default if it lacks it
+        assert at_limits["audio"]["output"]["voice"] == "cedar"
         await client.update(audio={"output": {"speed": 0.25}})
         await client.send("session.update", session={"instructions": "changed", **session})
         error = (await client.until("error"))[-1]["error"]
@@ -187,7 +188,7 @@ async def test_voice_settings_past_their_limits_are_refused_whole(session, param
         error = (await client.until("error"))[-1]["error"]
         assert error["param"] == "response.output_modalities"
         events = await ask(client, "What is 17 + 25?")
-        assert "42" in transcript(events)  # the session as it was: spoken at 0.25, instructions unchanged
+        assert "42" in transcript(events)  # the session as it was: cedar at 0.25, instructions unchanged
 
 
 async def test_speech_over_a_spoken_answer_cancels_it_frees_its_request_and_keeps_what_was_heard(endless_dir):

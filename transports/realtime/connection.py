@@ -561,8 +561,10 @@ class RealtimeConnection:
         if delta.num_prompt_tokens < self._answer_prompt_tokens:
             return  # respond_per_chunk: the tail of an answer the final message interrupted
         self._out += self._response.on_delta(delta)
-        if delta.finished and not self.spoken.text_done(*end_status(delta)):  # else: when its voice is done
-            self._end_response(*end_status(delta))
+        if delta.finished:
+            self._out += self._response.flush()
+            if not self.spoken.text_done(*end_status(delta)):  # else: when its voice is done
+                self._end_response(*end_status(delta))
 
     def end_response(self, status: str, details: StatusDetails | None = None) -> None:
         """A spoken response ends from its voice (spoken.SpokenOutput): all said after the engine's end, or the

@@ -117,13 +117,20 @@ class ResponseStream:
             self._call(call)
         return self._take()
 
-    def finish(self, status: str, details: StatusDetails | None = None) -> list[ServerEvent]:
-        """Close the items and the response (after the last delta, a cancel, or an interruption)."""
+    def flush(self) -> list[ServerEvent]:
+        """The text the tool-call parser held back, out (after the engine's last delta: a spoken response
+        hands it to its voice before the voice's end is awaited)."""
         if self._tools is not None:
             content, calls = self._tools.finish()
             self._content(content)
             for call in calls:
                 self._call(call)
+            self._tools = None  # finished: a second flush (finish after flush) has nothing more
+        return self._take()
+
+    def finish(self, status: str, details: StatusDetails | None = None) -> list[ServerEvent]:
+        """Close the items and the response (after the last delta, a cancel, or an interruption)."""
+        self._events += self.flush()
         item_status = "completed" if status == "completed" else "incomplete"
         for index, item in enumerate(self.response.output):
             self._close_item(index, item, item_status)

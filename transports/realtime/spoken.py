@@ -26,7 +26,7 @@ from rill.transports.realtime.events import ErrorDetail, Item, RealtimeError, Re
 from rill.transports.realtime.response import ResponseStream
 from rill.transports.realtime.speech_out_events import ConversationItemTruncated
 from rill.transports.realtime.speech_out_link import ClauseSpoken, SpeechOutEnded
-from rill.transports.realtime.voice_out_settings import DEFAULT_VOICE, wants_audio
+from rill.transports.realtime.voice_out_settings import OPENAI_VOICES, wants_audio
 
 AUDIO_PARTS = ("output_audio", "audio")
 
@@ -76,6 +76,8 @@ class SpokenOutput:
     def feed(self, text: str) -> None:
         """The message's text as the engine writes it (ResponseStream's `speak`)."""
         answer = self._answer
+        if answer is None:
+            return  # text the tool-call parser let go as a stopped answer ends: never spoken, never in its transcript
         if not answer.started:
             voice = self.conn.settings.voice_out
             self.link.start(answer.response.id, self._voice_id(voice.voice), voice.speed)
@@ -83,15 +85,15 @@ class SpokenOutput:
         self.link.feed(answer.response.id, text)
 
     def _voice_id(self, name: str) -> str:
-        """The backend's id for the session's voice (checked at session.update); OpenAI's default name, where
-        the backend has no voice of that name (a Kokoro directory), reads as the backend's default voice."""
+        """The backend's id for the session's voice (checked at session.update); an OpenAI name the backend
+        lacks (a Kokoro directory's voices are its own) reads as the backend's default voice."""
         from rill.tts.backend import UnknownVoice
         from rill.tts.synthesizer import default_voice
 
         try:
             return self.link.resolve_voice(name)
         except UnknownVoice:
-            if name != DEFAULT_VOICE:
+            if name not in OPENAI_VOICES:
                 raise
             return self.link.resolve_voice(default_voice(self.link.backend))
 

@@ -18,6 +18,10 @@ from rill.transports.realtime.audio_output import OutputFormat, beta_format, ga_
 from rill.transports.realtime.events import AudioOutput, RealtimeError
 
 DEFAULT_VOICE = "alloy"  # OpenAI's default
+# OpenAI's voice names (realtime's VoiceIdsShared and /v1/audio/speech's): one the server's voice lacks is
+# taken and spoken in its default voice, as SDKs send their own default (the Agents SDK's is "ash")
+OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar",
+                           "fable", "nova", "onyx"})
 MIN_SPEED, MAX_SPEED = 0.25, 1.5
 MODALITIES = ("text", "audio")
 
@@ -74,7 +78,8 @@ def _voice(voice: str | dict, resolve_voice, param: str) -> str:
         try:
             resolve_voice(name)
         except UnknownVoice as exc:
-            raise RealtimeError("invalid_value", f"unknown voice {name!r}: {exc}", param) from None
+            if name not in OPENAI_VOICES:
+                raise RealtimeError("invalid_value", f"unknown voice {name!r}: {exc}", param) from None
     return name
 
 
