@@ -19,10 +19,12 @@ needs_voice = pytest.mark.skipif(not voice_available(), reason="espeakng-loader 
 
 
 @asynccontextmanager
-async def running_voice_server(model_dir, server=None, **engine_kwargs):
+async def running_voice_server(model_dir, server=None, backend=None, **engine_kwargs):
+    """`backend`: another voice than espeak-ng's (a fault-injecting one)."""
     from rill.tts.espeak import EspeakBackend
     from rill.tts.worker import open_speech_out
 
-    async with open_speech_out(EspeakBackend()) as out, running_server(model_dir, server, **engine_kwargs) as running:
+    voice = backend if backend is not None else EspeakBackend()
+    async with open_speech_out(voice) as out, running_server(model_dir, server, **engine_kwargs) as running:
         running.app.extensions["rill"].speech_out = out
         yield running

@@ -94,6 +94,7 @@ async def test_mode_a_speaks_the_answer_as_delta_audio_beside_the_text(model_dir
         audio, content, _ = spoken_frames(response.text)
         check_audio(audio, content)
         await assert_nothing_left(server)
+        assert server.app.extensions["rill"].speech_out.num_requests == 0
 
 
 @needs_voice
@@ -114,3 +115,26 @@ async def test_mode_b_events_carry_the_spoken_answer_and_a_bad_voice_is_refused(
         audio, content, _ = spoken_frames(without_ids)
         check_audio(audio, content)
         await assert_nothing_left(server)
+
+
+@needs_voice
+async def test_a_voice_that_fails_fault_injected_ends_the_audio_and_the_text_answer_goes_on(model_dir):
+    from rill.tts.espeak import EspeakBackend
+
+    class FailingVoiceFaultInjected(EspeakBackend):
+        def synthesize(self, batch):
+            raise ValueError("injected fault")
+
+    async with running_voice_server(model_dir, backend=FailingVoiceFaultInjected()) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        first = {"messages": [{"role": "user", "content": "Say: "}], **ANSWER, **SPOKEN}
+        response = await client.post("/v1/chat/completions", content=ndjson(first, {"payload": "hi"}), headers=NDJSON)
+        assert response.status_code == 200, response.text
+        frames = parse_sse(response.text)
+        assert frames[-1].data == "[DONE]"
+        failed = [f.json for f in frames[:-1] if "speech_error" in f.json]
+        assert len(failed) == 1 and failed[0]["choices"] == [] and "injected fault" in failed[0]["speech_error"]["message"]
+        audio, content, _ = spoken_frames(response.text)
+        assert audio == [] and words(content)  # no audio, and the whole text answer
+        await assert_nothing_left(server)
+        assert server.app.extensions["rill"].speech_out.num_requests == 0

@@ -13,7 +13,7 @@ import soundfile as sf
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from helpers_server import running_server
+from helpers_server import running_server, wait_for
 from helpers_voice_out import needs_voice, running_voice_server
 from rill.assets import RILL_TINY_DIR
 from rill.transports import speech_stream_ws
@@ -185,3 +185,15 @@ async def test_a_client_that_sends_no_config_is_closed_after_the_timeout(monkeyp
         assert error["code"] == "idle_timeout"
         with pytest.raises(ConnectionClosed):
             await ws.get_message()
+
+
+@needs_voice
+async def test_a_client_that_leaves_mid_utterance_leaves_nothing_on_the_worker():
+    async with running_voice_server(RILL_TINY_DIR) as server:
+        out = server.app.extensions["rill"].speech_out
+        async with open_websocket_url(ws_url(server)) as ws:
+            await send(ws, CONFIG)
+            await send(ws, {"type": "input.text", "text": TEXT * 5})  # clauses queued, none flushed
+            with trio.fail_after(30):
+                assert (await next_event(ws))["type"] == "audio.start"
+        await wait_for(lambda: out.num_requests == 0 and out.num_queued == 0, 10)

@@ -8,6 +8,7 @@ streamed-audio shape, `choices[0].delta.audio = {"id", "data": base64 PCM16 24 k
 "expires_at"}`, beside the text deltas, which keep coming as `delta.content` (OpenAI sends the text only
 as the transcript; rill sends both, so a text client sees no difference). The stream's `[DONE]` waits for
 the last clause's audio. In respond_per_chunk sessions each turn's last clause is spoken at its turn end.
+If the voice fails, a chunk with no choices carries `speech_error` and the text answer goes on unspoken.
 """
 
 from __future__ import annotations
@@ -121,9 +122,17 @@ class RunSpeech:
                     self.num_clauses_spoken += 1
         except (RillError, ValueError) as exc:  # the voice failed: the text answer goes on without it
             if not log.is_closed:
-                log.append(sse.data_frame({"type": "speech.error", "message": f"speech failed: {exc}"}))
+                log.append(self._failed_frame(exc))
         finally:
             self._done.set()
+
+    def _failed_frame(self, exc: Exception) -> bytes:
+        # A chunk with no choices (as the usage chunk is), so a client's chunk parser reads it; the text goes on.
+        job = self.run.job
+        kind = "chat.completion.chunk" if self.run.api.name == "chat" else "text_completion"
+        return sse.data_frame({"id": job.trace.request_id, "object": kind, "created": job.created, "model": job.model,
+                               "choices": [], "speech_error": {"message": f"speech failed: {exc}",
+                                                               "code": "speech_out_failed"}})
 
     def _frame(self, samples: np.ndarray, transcript: str) -> bytes:
         pcm = (np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
