@@ -45,6 +45,7 @@ async def spoken_server(llm="rill-tiny", config=None):
     async with open_speech_out(EspeakBackend()) as out, voice_server(llm, "rill-tiny-speech", config) as server:
         server.app.extensions["rill"].speech_out = out
         yield server
+        await wait_for(lambda: out.num_requests == 0)  # every answer's voice is done or stopped
 
 
 def user_text(text: str) -> dict:
@@ -231,6 +232,25 @@ async def test_speech_over_a_spoken_answer_cancels_it_frees_its_request_and_keep
         as_heard = prompt_tokens(server, [story, {"role": "assistant", "content": heard}, asked])
         as_sent = prompt_tokens(server, [story, {"role": "assistant", "content": sent}, asked])
         assert abs(answer["usage"]["input_tokens"] - as_heard) <= 2 < as_sent - as_heard, (answer["usage"], as_heard)
+    await wait_for(lambda: server.all_kv_free)
+
+
+async def test_truncating_the_answer_still_speaking_stops_it_there(endless_dir):
+    async with spoken_server(endless_dir) as server, voice_client(server, "raw") as client:
+        await client.update(**AUDIO, max_output_tokens=600, audio={"input": {"turn_detection": None}})
+        await client.send("conversation.item.create", item=user_text("Tell me a long story."))
+        await client.send("response.create")
+        before = await client.until("response.output_audio.delta")
+        item_id, heard_ms = before[-1]["item_id"], len(base64.b64decode(before[-1]["delta"])) // 48
+        await client.send("conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=heard_ms)
+        events = await client.until("conversation.item.truncated")
+        done = of_type(events, "response.done")[-1]["response"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+        assert events[-1]["audio_end_ms"] == heard_ms
+        await client.send("conversation.item.retrieve", item_id=item_id)
+        heard = (await client.until("conversation.item.retrieved"))[-1]["item"]["content"][0]["transcript"]
+        said = transcript(before + events)
+        assert heard and len(heard) < len(said) and said.startswith(heard)
     await wait_for(lambda: server.all_kv_free)
 
 
