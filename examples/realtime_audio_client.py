@@ -7,6 +7,7 @@ answer streams once the server's VAD hears the end of the turn.
     python examples/realtime_audio_client.py question.wav --manual          # commit, then response.create
     python examples/realtime_audio_client.py question.wav --transcribe-only # a transcription session
     python examples/realtime_audio_client.py --mic                          # pip install sounddevice; Ctrl+C ends
+    python examples/realtime_audio_client.py question.wav --speak answer.wav  # the answer spoken, saved
 
 A WAV in any rate or channel count is read with soundfile and resampled to 16 kHz with soxr (both
 come with rill). The server needs a speech model (`rill serve` serves rill-tiny-speech by default).
@@ -40,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--transcribe-only", action="store_true", help="a transcription session: no answer")
     p.add_argument("--silence-ms", type=int, default=500, help="server VAD's silence_duration_ms")
     p.add_argument("--fast", action="store_true", help="send the file as fast as possible, not at real pace")
+    p.add_argument("--speak", metavar="OUT.wav", help="ask for spoken answers (output_modalities [\"audio\"]) and "
+                   "write the last one's audio (PCM16, 24 kHz) to this WAV file")
     return p.parse_args()
 
 
@@ -62,8 +65,9 @@ async def send(ws, type_: str, **fields) -> None:
 class Printer:
     """What the server says, as it says it; `speech_end_s` is set when the last audio went up."""
 
-    def __init__(self, answer: bool):
+    def __init__(self, answer: bool, speak_to: str | None = None):
         self.answer = answer
+        self.speak_to, self.audio = speak_to, bytearray()  # a spoken answer's PCM16 at 24 kHz
         self.speech_end_s: float | None = None
         self.first_token_s: float | None = None
 
@@ -79,7 +83,9 @@ class Printer:
                 print(f"\n[heard: {event['transcript']!r}]", file=sys.stderr)
                 if not self.answer:
                     return
-            elif kind == "response.output_text.delta":
+            elif kind == "response.output_audio.delta":
+                self.audio += base64.b64decode(event["delta"])
+            elif kind in ("response.output_text.delta", "response.output_audio_transcript.delta"):
                 if self.first_token_s is None:
                     self.first_token_s = time.monotonic()
                     print("rill: ", end="")
@@ -98,6 +104,12 @@ class Printer:
             line += f"; first token {1e3 * (self.first_token_s - self.speech_end_s):.0f} ms after the audio ended"
         print(line + "]", file=sys.stderr)
         self.first_token_s = None
+        if self.speak_to and self.audio:
+            import soundfile
+
+            soundfile.write(self.speak_to, np.frombuffer(bytes(self.audio), dtype="<i2"), 24_000)
+            print(f"[spoken answer: {len(self.audio) / 48_000:.1f} s -> {self.speak_to}]", file=sys.stderr)
+            self.audio.clear()
 
 
 async def send_file(ws, audio: np.ndarray, args, printer: Printer) -> None:
@@ -148,8 +160,10 @@ async def main() -> None:
         turn = None if args.manual else {"type": "server_vad", "silence_duration_ms": args.silence_ms}
         session = {"type": "transcription" if args.transcribe_only else "realtime",
                    "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE_HZ}, "turn_detection": turn}}}
+        if args.speak and not args.transcribe_only:
+            session["output_modalities"] = ["audio"]  # the server's voice (rill serve --tts-model, espeak-ng by default)
         await send(ws, "session.update", session=session)
-        printer = Printer(answer=not args.transcribe_only)
+        printer = Printer(answer=not args.transcribe_only, speak_to=args.speak)
         async with trio.open_nursery() as nursery:
             if args.mic:
                 nursery.start_soon(send_mic, ws)
