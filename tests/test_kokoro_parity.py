@@ -166,9 +166,11 @@ def test_voices_and_openai_names(backend):
 
 
 def test_text_goes_through_libespeak(backend):
-    pytest.importorskip("rill.tts.libespeak", reason="the espeak-ng phonemizer lands with the default voice")
-    ps = backend.phonemize("Hello there.", "af_alloy")
-    assert ps and all(ch in backend.model.config.vocab for ch in ps)
+    ps = backend.phonemize("Hello there, it costs 3.5 dollars!", "af_alloy")
+    assert ps == "həlˈO ðˈɛɹ, ɪt kˈɔsts θɹˈi pYnt fˈIv dˈɑləɹz!"  # punctuation kept, 3.5 read as a number
+    assert all(ch in backend.model.config.vocab for ch in ps)
+    assert "(" not in backend.phonemize("Hello.", "hf_alpha")  # no language-switch flags
+    assert backend.phonemize("Bonjour, le monde.", "ff_siwis").startswith("bɔ̃ʒˈuʁ,")
     out = backend.synthesize([Utterance(text="Hello there.", voice="af_alloy"),
                               Utterance(text="Bye.", voice="am_echo", speed=2.0)])
     assert [a.dtype for a in out] == [np.float32] * 2 and all(len(a) > 0 for a in out)

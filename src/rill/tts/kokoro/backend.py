@@ -19,13 +19,13 @@ import torch
 from rill.tts.backend import UnknownVoice, Utterance, VoiceInfo
 from rill.tts.kokoro.config import load_state, read_config, read_voices, weights_file
 from rill.tts.kokoro.model import KokoroModel
-from rill.tts.kokoro.phonemes import espeak_to_kokoro, split_phonemes
+from rill.tts.kokoro.phonemes import phonemize_for_kokoro, split_phonemes
 from rill.tts.kokoro.vocab import to_ids
 
 SAMPLE_RATE = 24000
 MAX_BATCH = 16
 # Kokoro's voice names start with a language letter (af_heart: American English, female)
-LANGUAGES = {"a": "en-us", "b": "en-gb", "e": "es", "f": "fr-fr", "h": "hi", "i": "it", "p": "pt-br",
+LANGUAGES = {"a": "en-us", "b": "en-gb", "e": "es", "f": "fr", "h": "hi", "i": "it", "p": "pt-br",
              "j": "ja", "z": "cmn"}
 
 
@@ -58,8 +58,7 @@ class KokoroBackend:
         """The text's phonemes in Kokoro's alphabet, by libespeak-ng in the voice's language."""
         from rill.tts.libespeak import phonemize
 
-        language = voice_language(voice)
-        return espeak_to_kokoro(phonemize(text, language), language)
+        return phonemize_for_kokoro(text, voice_language(voice), phonemize)
 
     def synthesize(self, batch: Sequence[Utterance]) -> list[np.ndarray]:
         pieces = [split_phonemes(self.phonemize(u.text, u.voice)) for u in batch]

@@ -20,6 +20,10 @@ import re
 MAX_PHONEMES = 510
 WATERFALL = ("!.?…", ":;", ",—")
 CLOSERS = ")”"
+# punctuation Kokoro reads (it shapes pauses and pitch) but espeak-ng's phonemes leave out: a mark that
+# ends a word (so 3.5 stays a number) or a dash
+PUNCTUATION = re.compile(r"((?:[;:,.!?…]+(?=\s|$))|—)")
+LANGUAGE_FLAG = re.compile(r"\([a-z-]+\)")  # espeak-ng's "(en)" where a word switches language
 
 # espeak-ng IPA -> Kokoro, longest first (the order matters: "e^ɪ" before "e")
 ENGLISH_MAP = (
@@ -42,8 +46,23 @@ def replace_all(text: str, table) -> str:
     return text
 
 
+def phonemize_for_kokoro(text: str, language: str, phonemize) -> str:
+    """Text -> Kokoro's phonemes, with its punctuation kept: `phonemize(text, language)` (libespeak's)
+    runs on the stretches between marks, and each mark follows its stretch's phonemes, as the
+    phonemizer Kokoro's pipeline uses restores them (preserve_punctuation)."""
+    parts = PUNCTUATION.split(text)
+    out = []
+    for k in range(0, len(parts), 2):
+        stretch, mark = parts[k].strip(), parts[k + 1] if k + 1 < len(parts) else ""
+        ps = espeak_to_kokoro(phonemize(stretch, language), language) if stretch else ""
+        if ps or mark:
+            out.append(ps + mark)
+    return " ".join(out)
+
+
 def espeak_to_kokoro(ipa: str, language: str) -> str:
     """espeak-ng IPA for `language` ("en-us", "en-gb", "es", ...) in Kokoro's alphabet."""
+    ipa = LANGUAGE_FLAG.sub("", ipa)
     if not language.startswith("en"):
         return replace_all(ipa, OTHER_MAP).replace("^", "").strip()
     british = language == "en-gb"
