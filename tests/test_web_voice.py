@@ -113,3 +113,56 @@ def test_spoken_question_in_the_browser_is_answered_with_42(tmp_path):
     assert "12" in user and "30" in user, user
     assert "42" in answer, answer
     assert errors == []
+
+
+@pytest.mark.skipif(not speech_model_available("rill-tiny-speech"), reason="rill-tiny-speech is not in this build")
+def test_the_page_speaks_the_answer_in_the_voice_chosen(tmp_path):
+    """Spoken answers (issue 51): with a voice chosen in the settings the page asks for audio, plays the
+    answer's PCM16 as it arrives (Web Audio) and shows its transcript."""
+    wav = spoken_wav(tmp_path / "question.wav", "What is twelve plus thirty?")
+    with rill_serve(tmp_path) as url, browser_hearing(wav) as browser:  # rill serve has the espeak-ng voice
+        browser.get(url)
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#model option[value='rill-tiny']"), "the models")
+        browser.execute_script("document.getElementById('model').value = 'rill-tiny';"
+                               "document.getElementById('voice-out').value = 'alloy';")
+        browser.find_element(By.ID, "mic").click()
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#log li.assistant .stats"), "the answer's stats")
+        answer = browser.find_element(By.CSS_SELECTOR, "#log li.assistant .content").text
+        spoken_s = browser.execute_script("return window.rillVoiceOut.spokenSeconds")
+        browser.find_element(By.ID, "mic").click()
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert "42" in answer, answer  # the transcript of what was said
+    assert spoken_s > 0.5, spoken_s  # seconds of the answer's audio the page scheduled to play
+    assert errors == []
+
+
+@pytest.mark.skipif(not speech_model_available("rill-tiny-speech"), reason="rill-tiny-speech is not in this build")
+def test_speaking_over_the_spoken_answer_stops_it_and_truncates_it(tmp_path):
+    """The question, then (while its ~6 s answer plays) more speech: the page stops playback where it was and
+    sends conversation.item.truncate with the milliseconds played, which the server takes."""
+    from rill.tiny_speech.synth import synthesize
+    from rill.tiny_speech.voices import Voice
+
+    say = lambda text: synthesize(text, Voice("en-us", "", 150, 50, 100, 0))  # noqa: E731
+    audio = np.concatenate([np.zeros(8000, np.float32), say("What is twelve plus thirty?"),
+                            np.zeros(40000, np.float32), say("Wait, stop there please."), np.zeros(32000, np.float32)])
+    wav = tmp_path / "barge-in.wav"
+    soundfile.write(wav, audio, 16000, subtype="PCM_16")
+    with rill_serve(tmp_path) as url, browser_hearing(wav) as browser:
+        browser.get(url)
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#model option[value='rill-tiny']"), "the models")
+        browser.execute_script("document.getElementById('model').value = 'rill-tiny';"
+                               "document.getElementById('voice-out').value = 'echo';")
+        browser.find_element(By.ID, "mic").click()
+        cuts = wait(browser, lambda d: d.execute_script("return window.rillVoiceOut?.cuts.length && "
+                                                        "window.rillVoiceOut.cuts"), "a cut in the answer's playback")
+        truncated = wait(browser, lambda d: d.execute_script(
+            f"return window.rillVoiceOut.truncated.includes({cuts[0]['playedMs']}) && window.rillVoiceOut.truncated"),
+            "the server's conversation.item.truncated at the page's cut")
+        spoken_s = browser.execute_script("return window.rillVoiceOut.spokenSeconds")
+        browser.find_element(By.ID, "mic").click()
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    (cut,) = cuts
+    assert 0 < cut["playedMs"] < 1000 * spoken_s, (cut, spoken_s)
+    assert truncated[-1] == cut["playedMs"]  # the client's figure replaces the server's estimate
+    assert errors == []

@@ -19,6 +19,7 @@ const voice = new Voice({
   conversation,
   onStatus: (text) => { $("voice-status").textContent = text; },
   onTurn: voiceTurn,
+  voiceOut: () => $("voice-out").value,
   onEnd: () => {
     $("mic").setAttribute("aria-pressed", "false");
     $("mic").textContent = "Microphone";

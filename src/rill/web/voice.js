@@ -2,10 +2,13 @@
 // (16 kHz: the AudioContext resamples the device), every 100 ms go up as PCM16 in an
 // input_audio_buffer.append, the server's VAD finds the end of each turn, the transcript shows as
 // it is recognised, and the answer streams right after the turn ends. Speaking again during an
-// answer stops it (the server cancels it: barge-in). One connection for the whole voice session;
-// the conversation so far is replayed into it when it opens.
+// answer stops it (the server cancels it: barge-in). With a voice chosen in the settings the answers
+// are spoken (output_modalities ["audio"]) and play as they arrive (speaker.js); speaking over one stops
+// its playback and truncates it to what was heard, so the model's next prompt holds only that. One
+// connection for the whole voice session; the conversation so far is replayed into it when it opens.
 
 import { realtimeProtocols, realtimeURL } from "./api.js";
+import { Speaker } from "./speaker.js";
 import { setupEvents } from "./typeahead.js";
 
 const RATE_HZ = 16000;
@@ -22,7 +25,8 @@ export function pcm16Base64(samples) {
 }
 
 export class Voice {
-  /** hooks: {context() -> session context, conversation, onStatus(text), onTurn(answerPromise), onEnd()} */
+  /** hooks: {context() -> session context, conversation, onStatus(text), onTurn(answerPromise), onEnd(),
+   *  voiceOut() -> the voice to speak answers in, or "" for text} */
   constructor(hooks) {
     this.hooks = hooks;
     this.socket = null;
@@ -33,6 +37,7 @@ export class Voice {
     this.user = null;  // the user message being spoken: {message, node}
     this.answer = null;  // {view, resolve, reject}
     this.stoppedAt = null;
+    this.speaker = new Speaker();
   }
 
   get active() {
@@ -45,6 +50,7 @@ export class Voice {
     const context = new AudioContext({ sampleRate: RATE_HZ });
     await context.audioWorklet.addModule("web/pcm-worklet.js");
     const node = new AudioWorkletNode(context, "pcm-tap");
+    if (this.hooks.voiceOut?.()) this.speaker.open();  // within the button's gesture: it may play
     context.createMediaStreamSource(stream).connect(node);
     this.audio = { context, stream, node };
     this.#open();
@@ -55,6 +61,7 @@ export class Voice {
   stop() {
     const { audio, socket } = this;
     this.audio = this.socket = null;
+    this.speaker.close();
     if (audio) {
       audio.node.port.onmessage = null;
       audio.stream.getTracks().forEach((track) => track.stop());
@@ -85,6 +92,8 @@ export class Voice {
     const queue = [];
     // The page sends 16 kHz PCM16: it says so (a session that names no format reads OpenAI's 24 kHz).
     queue.push({ type: "session.update", session: { audio: { input: { format: { type: "audio/pcm", rate: RATE_HZ } } } } });
+    const voice = this.hooks.voiceOut?.();
+    if (voice) queue.push({ type: "session.update", session: { output_modalities: ["audio"], audio: { output: { voice } } } });
     for (const event of setupEvents(this.hooks.context())) queue.push(event);
     socket.onopen = () => queue.forEach((event) => socket.send(JSON.stringify(event)));
     socket.onmessage = (message) => this.#receive(JSON.parse(message.data));
@@ -113,6 +122,7 @@ export class Voice {
     switch (event.type) {
       case "input_audio_buffer.speech_started":
         this.hooks.onStatus("Hearing you…");
+        this.#bargeIn();
         break;
       case "input_audio_buffer.speech_stopped": {
         // The event comes once the VAD's silence has passed; the speech ended audio_end_ms into the audio sent,
@@ -132,7 +142,14 @@ export class Voice {
         break;
       case "response.output_text.delta":
       case "response.text.delta":
+      case "response.output_audio_transcript.delta":
         this.answer?.view.text(event.delta);
+        break;
+      case "response.output_audio.delta":
+        this.speaker.play(event.item_id, event.delta);
+        break;
+      case "conversation.item.truncated":  // the server's own estimate at the barge-in, then the page's cut
+        window.rillVoiceOut?.truncated.push(event.audio_end_ms);
         break;
       case "response.done":
         this.#answerEnds(event.response);
@@ -141,6 +158,15 @@ export class Voice {
         this.hooks.onStatus(`Voice: ${event.error.message}`);
         if (event.error.code === "audio_not_supported") this.stop();
         break;
+    }
+  }
+
+  /** The user speaks over a spoken answer: its playback stops, and the server learns how much was heard. */
+  #bargeIn() {
+    const cut = this.speaker.stop();
+    if (cut && this.socket?.readyState === WebSocket.OPEN) {
+      this.socket.send(JSON.stringify({ type: "conversation.item.truncate", item_id: cut.itemId, content_index: 0,
+                                        audio_end_ms: cut.playedMs }));
     }
   }
 
