@@ -139,8 +139,8 @@ async def test_message_and_utterance_limits_at_and_past():
         error = await next_error(ws)
         assert (error["code"], error["param"]) == ("text_too_long", "text")
         await send(ws, {"type": "input.done"})  # the connection goes on: the utterance says "Hi."
-        events, frames = await read_utterance(ws)
-        assert events[-1]["total_sentences"] == 1 and frames  # "Hi.", spoken once
+        events, _ = await read_utterance(ws)
+        assert events[-1]["total_sentences"] == 1  # "Hi." (its audio may have come before the errors)
 
 
 @needs_voice
