@@ -197,3 +197,20 @@ async def test_a_client_that_leaves_mid_utterance_leaves_nothing_on_the_worker()
             with trio.fail_after(30):
                 assert (await next_event(ws))["type"] == "audio.start"
         await wait_for(lambda: out.num_requests == 0 and out.num_queued == 0, 10)
+
+
+@needs_voice
+async def test_an_idle_client_is_told_and_closed_after_the_idle_timeout(monkeypatch):
+    monkeypatch.setattr(speech_stream_ws, "IDLE_TIMEOUT_S", 0.5)
+    async with running_voice_server(RILL_TINY_DIR) as server, open_websocket_url(ws_url(server)) as ws:
+        await send(ws, CONFIG)
+        await send(ws, {"type": "input.text", "text": "Said while the client waits."})
+        await send(ws, {"type": "input.done"})
+        events, _ = await read_utterance(ws)
+        assert events[-1]["total_sentences"] == 1
+        with trio.fail_after(10):
+            error = await next_error(ws)
+        assert error["code"] == "idle_timeout"
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 1000
