@@ -93,6 +93,8 @@ async def test_mode_a_speaks_the_answer_as_delta_audio_beside_the_text(model_dir
         assert response.status_code == 200, response.text
         audio, content, _ = spoken_frames(response.text)
         check_audio(audio, content)
+        whole = ndjson({**first, "stream": False}, {"payload": "hi"})  # audio streams or it is not asked for
+        assert_error(await client.post("/v1/chat/completions", content=whole, headers=NDJSON), 400, "stream")
         await assert_nothing_left(server)
         assert server.app.extensions["rill"].speech_out.num_requests == 0
 
