@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rill.bench import voice_spoken
 from rill.bench.common import add_common_args, default_cache_dir, percentile, progress, save_plot
 from rill.bench.speech_set import Clip, load_audio_set
 
@@ -53,6 +54,8 @@ def add_arguments(p) -> None:
     p.add_argument("--silence-ms", type=int, default=500, help="server VAD's silence_duration_ms")
     p.add_argument("--keep-up-ms", type=float, default=1000.0, help="lag bound of a stream that keeps up")
     p.add_argument("--max-tokens", type=int, default=24, help="answer length")
+    p.add_argument("--spoken-sessions", default="1,8", help="concurrent sessions whose answers are spoken, timed to "
+                   "the first audio byte against transcribe-chat-speak (rill.bench.voice_spoken; '' skips it)")
 
 
 # -- word times -----------------------------------------------------------------------------------------
@@ -296,6 +299,8 @@ async def _serve_and_measure(clips: list[Clip], ends: list[list[float]], args) -
             for n in progress([int(s) for s in args.streams.split(",")], desc="voice: concurrent",
                               disable=args.no_progress):
                 out["streams"].append(await concurrent_streams(url, clips, ends, n, args))
+            if args.spoken_sessions:
+                out["spoken"] = await voice_spoken.measure(base, url, clips, args)
             return out
         finally:
             stop.set()
@@ -331,6 +336,7 @@ def _result(m: dict, clips: list[Clip], args) -> dict:
         "first_token_ms": {"server_vad": p50(vad_first), "server_vad_less_silence": (p50(vad_first) or 0) - 1000 * silence_s,
                            "manual_commit": p50(manual_first), "baseline_transcribe_then_chat": p50(base_first)},
         "concurrency": m["streams"],
+        "spoken_answer": m.get("spoken"),
         "turns": m["vad"],
         "targets": {"lag_p50_ms": 500, "manual_vs_baseline": 0.2, "vad_over_silence_ms": 150, "streams": 8},
     }
@@ -353,6 +359,8 @@ def summary(result: dict) -> str:
         lines.append(f"  {s['streams']} streams: lag p50 {fmt(s['lag_ms'].get('p50'))} p95 {fmt(s['lag_ms'].get('p95'))}, "
                      f"final transcript after the VAD's end p95 {fmt(s['final_after_vad_end_ms'].get('p95'))}: "
                      f"{'keeps up' if s['keeps_up'] else 'falls behind'}")
+    if result.get("spoken_answer"):
+        lines += voice_spoken.summary_lines(result["spoken_answer"])
     return "\n".join(lines)
 
 
