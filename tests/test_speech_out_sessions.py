@@ -80,6 +80,11 @@ def check_audio(audio: list[dict], content: str) -> None:
     assert words(spoken) == words(content)  # every word of the answer is said, in order, once
 
 
+def last_text_frame(text: str) -> int:
+    frames = parse_sse(text)[:-1]
+    return max(i for i, f in enumerate(frames) if f.json["choices"] and f.json["choices"][0]["delta"].get("content"))
+
+
 def words(text: str) -> list[str]:
     return [w for w in text.split() if any(c.isalnum() for c in w)]  # a clause of punctuation alone is not said
 
@@ -87,12 +92,13 @@ def words(text: str) -> list[str]:
 @needs_voice
 async def test_mode_a_speaks_the_answer_as_delta_audio_beside_the_text(model_dir):
     async with running_voice_server(model_dir) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-        first = {"messages": [{"role": "user", "content": "Say: "}], **ANSWER, **SPOKEN}
+        first = {"messages": [{"role": "user", "content": "Say: "}], **ANSWER, **SPOKEN, "max_tokens": 200}
         body = ndjson(first, {"payload": "the quick"}, {"payload": " brown fox", "end_of_input": True})
         response = await client.post("/v1/chat/completions", content=body, headers=NDJSON)
         assert response.status_code == 200, response.text
-        audio, content, _ = spoken_frames(response.text)
+        audio, content, where = spoken_frames(response.text)
         check_audio(audio, content)
+        assert len(audio) > 1 and where[0] < last_text_frame(response.text)  # speech began while the model wrote
         whole = ndjson({**first, "stream": False}, {"payload": "hi"})  # audio streams or it is not asked for
         assert_error(await client.post("/v1/chat/completions", content=whole, headers=NDJSON), 400, "stream")
         await assert_nothing_left(server)
