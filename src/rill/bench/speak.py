@@ -3,10 +3,11 @@ concurrent requests, rill against the `kokoro` package's own KPipeline on the sa
 Kokoro directory; and, for the default voice (espeak-ng), first text piece to first audio when the
 text streams in over WS /v1/audio/speech/stream.
 
-What each side runs, per request (a text of two or three clauses, the same texts on both sides):
+What each side runs, per request (a text of two clauses, the same texts on both sides):
 - rill: the text cut by rill.tts.clauses, the clauses handed to rill's speech-out worker
-  (rill.tts.worker) with rill's Kokoro backend, which batches the clauses of concurrent requests into
-  one forward pass; each clause's audio comes back as soon as it is made.
+  (rill.tts.worker) with rill's Kokoro backend; the worker gives the backend the next clause of every
+  request in one call (on CUDA one padded forward; on the CPU the backend decodes them one at a time,
+  rill.tts.kokoro.backend says why), and each call's audio comes back as soon as the call ends.
 - KPipeline: the same clauses' phonemes (made once, up front, by rill's G2P: libespeak-ng's IPA in
   Kokoro's alphabet) through `KPipeline.generate_from_tokens(phonemes, voice=<dir>/voices/<v>.pt)`,
   its phoneme-input path, on `KModel(config=<dir>/config.json, model=<dir>/<weights>.pth)`. The pipeline
@@ -53,7 +54,7 @@ def add_arguments(p) -> None:
 # -- the workload -----------------------------------------------------------------------------------------
 
 
-def make_texts(n: int, seed: int, max_clauses: int = 3) -> list[str]:
+def make_texts(n: int, seed: int, max_clauses: int = 2) -> list[str]:
     """n texts of two to max_clauses clauses of 4-8 words each, commas and full stops between them."""
     rng = random.Random(seed)
     texts = []
