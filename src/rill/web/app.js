@@ -282,7 +282,7 @@ async function loadModels(refused = false) {
   try {
     const { data } = await getJSON("v1/models");
     const select = $("model");
-    const chat = data.filter((card) => card.task !== "transcription");  // the speech model hears, it does not chat
+    const chat = data.filter((card) => card.task !== "transcription" && card.task !== "speech");  // the speech models hear or speak, they do not chat
     select.replaceChildren(...chat.map((card) => new Option(card.id, card.id)));
     modelCards.clear();
     chat.forEach((card) => modelCards.set(card.id, card));
