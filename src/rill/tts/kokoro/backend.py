@@ -38,8 +38,10 @@ class KokoroBackend:
         self.model = model
         self.packs = {k: v.to(device) for k, v in voice_packs.items()}
         self.device = device
-        self.max_batch = MAX_BATCH
         self.decode_together = device.type == "cuda" if decode_together is None else decode_together
+        # Decoded one at a time (the CPU), a batch only makes every request wait for the whole call's audio:
+        # the worker then takes one clause a call, round robin, and each clause's audio leaves as it is made.
+        self.max_batch = MAX_BATCH if self.decode_together else 1
         self.seed = seed  # every utterance's noise starts from it: the same text gives the same audio
 
     def voices(self) -> list[VoiceInfo]:
