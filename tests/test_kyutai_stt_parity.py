@@ -126,6 +126,16 @@ def test_text_deltas_join_to_the_decoded_transcript(runtimes):
     assert text.strip()
 
 
+def test_deltas_stay_whole_across_detokenizer_restarts(runtimes, monkeypatch):
+    monkeypatch.setattr("rill.speech.kyutai.stream.DETOK_RESET_TOKENS", 8)
+    runtime, audio = runtimes["small"], synthetic_audio(CLIP_S, seed=10)
+    stream = KyutaiStream(runtime)
+    deltas = [stream.feed(piece) for piece in np.array_split(audio, 7)] + [stream.finish()]
+    tokens = sum((d.token_ids for d in deltas), [])
+    assert "".join(d.text for d in deltas) == runtime.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert len(stream._detok.pieces) < 8  # the last restart's text only
+
+
 def test_long_stream_state_stays_within_the_windows(runtimes):
     runtime = runtimes["small"]
     stream = KyutaiStream(runtime)

@@ -13,6 +13,7 @@ detokenizer's short window.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,12 @@ import torch
 
 from rill.speech.kyutai.loader import KyutaiRuntime
 from rill.speech.kyutai.resample import StreamResampler
-from rill.tokenizer.detokenizer import Detokenizer
+from rill.tokenizer.detokenizer import NUM_CONTEXT_TOKENS, Detokenizer
+
+# A Detokenizer keeps every id and every piece of text it released; a stream starts a new one this often,
+# with the last few ids as its context (as the engine's detokenizer starts after a prompt), so that an
+# hour-long stream holds a short window of ids, not the hour's.
+DETOK_RESET_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class KyutaiStream:
         self._mimi = runtime.mimi.new_state()
         self._decoder = runtime.decoder.new_state()
         self._detok = Detokenizer(runtime.tokenizer, []) if runtime.tokenizer is not None else None
+        self._recent_ids: deque[int] = deque(maxlen=NUM_CONTEXT_TOKENS)
+        self._num_detok_ids = 0  # ids given to the current Detokenizer
         self._last_token: int | None = None  # sampled at the last step, fed at the next
         self.logits: list[torch.Tensor] | None = [] if keep_logits else None  # for parity tests only
         self.num_samples = 0  # 24 kHz samples received (padding included)
@@ -93,8 +101,18 @@ class KyutaiStream:
                 if limit is not None and self.num_steps >= limit:
                     break
                 tokens.append(self._step(torch.tensor([tokens[-1] if tokens else self._last_token]), frame[None]))
-        text = "".join(self._detok.add(t) for t in tokens) if self._detok is not None else ""
+        text = "".join(self._detokenize(t) for t in tokens) if self._detok is not None else ""
         return StreamDelta(tokens, text)
+
+    def _detokenize(self, token_id: int) -> str:
+        text = self._detok.add(token_id)
+        self._recent_ids.append(token_id)
+        self._num_detok_ids += 1
+        # Only once the text so far is released whole (nothing held for an open character).
+        if self._num_detok_ids >= DETOK_RESET_TOKENS and text and not self._detok.utf8_held:
+            self._detok = Detokenizer(self.runtime.tokenizer, list(self._recent_ids))
+            self._num_detok_ids = 0
+        return text
 
     def _step(self, text: torch.Tensor, codes: torch.Tensor) -> int:
         logits = self.runtime.decoder.step(text.to(self.runtime.device), codes, self._decoder)
