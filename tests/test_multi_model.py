@@ -432,7 +432,7 @@ async def rill_serve(tmp_path, args: list[str], env: dict[str, str] | None = Non
     """`rill serve ARGS` as a subprocess on a free port: yields its URL; killed after."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     command = [sys.executable, "-m", "rill", "serve", *args, "--port", "0", "--num-kv-blocks", "48",
-               "--speech-model", "none", "--no-web-ui"]
+               "--speech-model", "none", "--tts-model", "none", "--no-web-ui"]
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "wb") as stderr:
         process = await trio.lowlevel.open_process(command, stderr=stderr, stdout=subprocess.DEVNULL, cwd=tmp_path,
