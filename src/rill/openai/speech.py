@@ -19,9 +19,9 @@ import msgspec
 
 from rill.openai.errors import ApiError
 from rill.tts.audio_out import FORMATS
+from rill.tts.synthesizer import MAX_SPEED, MIN_SPEED  # OpenAI's `speed` range, one definition
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
 STREAM_FORMATS = ("audio", "sse")
 OPENAI_TTS_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 OUTPUT_TOKENS_PER_SECOND = 20  # usage.output_tokens: 50 ms of audio a token (rill's count; OpenAI's is its own)

@@ -49,6 +49,11 @@ class EspeakBackend:
     sample_rate = OUTPUT_RATE_HZ
     max_batch = 1  # a C library with one global voice: nothing to batch
 
+    def __init__(self):
+        # espeak-ng names found once: the lookup takes the library's lock, which the worker holds while it
+        # speaks, and requests resolve their voice on the trio thread
+        self._found: set[str] = set(OPENAI_VOICES)
+
     def voices(self) -> list[VoiceInfo]:
         named = [VoiceInfo(id=name, name=f"{name} (espeak-ng {voice}, pitch {pitch})", language=_language(voice))
                  for name, (voice, pitch) in OPENAI_VOICES.items()]
@@ -58,12 +63,13 @@ class EspeakBackend:
         """OpenAI's names as given; any other name espeak-ng has ("en-gb", "en-us+m3") as given."""
         if not isinstance(voice, str) or not voice:
             raise UnknownVoice(f"voice must be a non-empty string, got {voice!r}")
-        if voice in OPENAI_VOICES:
+        if voice in self._found:
             return voice
         if len(voice) <= 64 and voice.isascii() and all(c.isalnum() or c in "-+_" for c in voice):
             with libespeak.lock:
                 try:
                     libespeak.set_voice(voice)
+                    self._found.add(voice)
                     return voice
                 except ValueError:
                     pass
