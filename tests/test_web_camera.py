@@ -65,7 +65,7 @@ def write_y4m(path: Path, frames: list[np.ndarray], fps: int) -> Path:
 
 def rill_serve(tmp_path: Path, *args: str):
     """`rill serve` on a free port: yields its URL (helpers_browser.rill_serve)."""
-    return serve_subprocess(tmp_path, "--speech-model", "none", *args, timeout_s=SERVE_TIMEOUT_S)
+    return serve_subprocess(tmp_path, "--speech-model", "none", "--tts-model", "none", *args, timeout_s=SERVE_TIMEOUT_S)
 
 
 def chromium(*media_flags: str):
