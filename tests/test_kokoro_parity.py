@@ -21,6 +21,10 @@ from rill.tts.kokoro.config import KokoroDirError
 from rill.tts.kokoro.phonemes import MAX_PHONEMES, espeak_to_kokoro, split_phonemes
 from rill.tts.kokoro.vocab import to_ids
 
+# The whole module runs in the slow step (CI runs it, bounded): about 40 s on 2 cores, and the default run is at
+# its 15-minute budget.
+pytestmark = pytest.mark.slow
+
 PHONEMES = "hˈɛloʊ, wˈɜːld."  # short: the decoder's cost grows with the audio
 SEED = 7
 

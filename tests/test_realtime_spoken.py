@@ -192,6 +192,8 @@ async def test_voice_settings_past_their_limits_are_refused_whole(session, param
         assert "42" in transcript(events)  # the session as it was: cedar at 0.25, instructions unchanged
 
 
+@pytest.mark.xfail(strict=False, reason="known intermittent hang (issue 51, open): in about one run of three the answer "
+                   "server VAD creates after the barge-in sends no audio and, cancelled, no response.done within 60 s")
 async def test_speech_over_a_spoken_answer_cancels_it_frees_its_request_and_keeps_what_was_heard(endless_dir):
     async with spoken_server(endless_dir) as server, voice_client(server, "http") as client:
         await client.update(**AUDIO, max_output_tokens=600,
