@@ -1,0 +1,141 @@
+"""VoxtralStream: audio chunks in, text tokens and text deltas out, as the audio arrives.
+
+The stream is what mistral-common's streaming transcription request asks of the model: `n_left` frames
+of silence, then the audio; the prompt is BOS and `n_left + delay` streaming pads, one per frame, so the
+first token is sampled once `delay + 1` frames of real audio are heard; after that each 80 ms frame runs
+one decoder position (the token sampled at the last position plus this frame's audio embedding) and
+samples the next token. Text thus lags its audio by the delay.
+
+`finish()` pads as mistral-common pads a whole clip (to a whole frame, then `delay + 1 + 10` frames of
+silence) and stops where transformers' `generate` stops on that clip: after the next-to-last frame (it
+generates `frames - prompt` tokens), or at the end-of-sequence token. So a clip fed in any pieces gives
+the tokens `generate` gives on the whole clip.
+
+A stream's state is bounded whatever its length: fewer than n_fft samples in the front end, a few conv
+columns, each attention layer's last window - 1 keys and values (encoder and decoder), fewer than 4
+encoder positions waiting for their frame, frames not yet run (only before the prompt is whole), the
+last token and an incremental UTF-8 decoder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rill.speech.kyutai.resample import StreamResampler
+from rill.speech.kyutai.stream import StreamDelta
+from rill.speech.voxtral_realtime.features import MelStream
+from rill.speech.voxtral_realtime.loader import VoxtralRuntime
+
+# mistral-common's OFFLINE_STREAMING_BUFFER_TOKENS: frames of silence after the delay's, so that the
+# last word spoken has room to come out.
+RIGHT_PAD_BUFFER_FRAMES = 10
+
+
+class VoxtralStream:
+    """One live stream over a shared VoxtralRuntime. Not thread-safe; one per audio source.
+
+    `delay_ms`: the transcription delay, a positive multiple of 80 ms (default: tekken.json's).
+    """
+
+    def __init__(self, runtime: VoxtralRuntime, input_rate: int | None = None, *, delay_ms: float | None = None,
+                 keep_logits: bool = False):
+        self.runtime = runtime
+        audio, tok = runtime.audio, runtime.tokenizer
+        self.input_rate = input_rate or audio.sampling_rate
+        self.num_delay_tokens = audio.num_delay_tokens(delay_ms)
+        self.prompt = [tok.bos_id] + [tok.streaming_pad_id] * (audio.num_left_pad_tokens + self.num_delay_tokens)
+        self._resampler = StreamResampler(self.input_rate, audio.sampling_rate)
+        self._mel = MelStream(runtime.front)
+        self._encoder = runtime.model.audio_tower.new_state()
+        self._decoder = runtime.model.language_model.new_state(self.num_delay_tokens)
+        self._frames = torch.zeros(1, 0, runtime.spec.decoder.hidden_size, device=runtime.device)
+        self._utf8 = tok.incremental_decoder()
+        self._last_token: int | None = None  # sampled at the last position, fed at the next
+        self.logits: list[torch.Tensor] | None = [] if keep_logits else None  # for parity tests only
+        self.num_audio_samples = 0  # samples of the caller's audio at the model's rate (no padding)
+        self.finished = False
+        self.ended = False  # the model wrote its end-of-sequence token: nothing more comes out
+
+    @property
+    def num_positions(self) -> int:
+        return self._decoder.num_positions
+
+    @property
+    def audio_s(self) -> float:
+        return self.num_audio_samples / self.runtime.audio.sampling_rate
+
+    def feed(self, pcm: np.ndarray) -> StreamDelta:
+        """Mono float samples at `input_rate`, any length: returns the tokens that whole frames allow."""
+        if self.finished:
+            raise RuntimeError("the stream is finished")
+        samples = self._resampler.push(np.asarray(pcm, dtype=np.float32), last=False)
+        return self._push(samples, final=False)
+
+    def finish(self) -> StreamDelta:
+        """End of audio: flush the resampler, pad with silence, run the last positions, flush the text."""
+        if self.finished:
+            return StreamDelta([], "")
+        tail = self._resampler.push(np.zeros(0, dtype=np.float32), last=True)
+        frame = self.runtime.audio.frame_samples
+        to_whole = -(self.num_audio_samples + tail.size) % frame
+        pad = to_whole + frame * (self.num_delay_tokens + 1 + RIGHT_PAD_BUFFER_FRAMES)
+        delta = self._push(np.concatenate([tail, np.zeros(pad, np.float32)]), final=True, num_padding=pad)
+        self.finished = True
+        return StreamDelta(delta.token_ids, delta.text + self._utf8.decode(b"", final=True))
+
+    def _push(self, samples: np.ndarray, final: bool, num_padding: int = 0) -> StreamDelta:
+        if self.ended:
+            return StreamDelta([], "")
+        self.num_audio_samples += samples.size - num_padding
+        if self._mel.num_samples == 0:  # mistral-common's left padding: silence before the audio
+            left = self.runtime.audio.num_left_pad_tokens * self.runtime.audio.frame_samples
+            samples = np.concatenate([np.zeros(left, np.float32), samples])
+        mels = [self._mel.push(samples)] + ([self._mel.finish()] if final else [])
+        for mel in mels:
+            if mel is not None:
+                self._encode(mel)
+        # generate() runs every position but the last frame's; before the end no frame is the last.
+        limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1 if final else None
+        tokens = self._decode(limit)
+        text = "".join(self._utf8.decode(self.runtime.tokenizer.pieces[t]) for t in tokens)
+        return StreamDelta(tokens, text)
+
+    def _encode(self, mel: torch.Tensor) -> None:
+        model = self.runtime.model
+        frames = model.audio_tower.stream(mel[None], self._encoder)  # [1, F, 4 * D_enc]
+        if frames.shape[1]:
+            with torch.inference_mode():
+                self._frames = torch.cat([self._frames, model.multi_modal_projector(frames).float()], dim=1)
+
+    def _decode(self, limit: int | None) -> list[int]:
+        """Run the positions whose frames have arrived (up to `limit` positions in all)."""
+        tokens: list[int] = []
+        num_prompt = len(self.prompt)
+        while self._frames.shape[1] and not self.ended:
+            start = self.num_positions
+            if limit is not None and start >= limit:
+                break
+            if start < num_prompt:  # prompt positions: their tokens are known, run them together
+                count = min(self._frames.shape[1], num_prompt - start)
+                ids = self.prompt[start : start + count]
+            else:
+                count, ids = 1, [self._last_token]
+            hidden = self._run(ids, count)
+            if self.num_positions >= num_prompt:
+                tokens.append(self._sample(hidden[:, -1]))
+        return tokens
+
+    def _run(self, ids: list[int], count: int) -> torch.Tensor:
+        audio, self._frames = self._frames[:, :count], self._frames[:, count:]
+        tokens = torch.tensor([ids], device=self.runtime.device)
+        return self.runtime.model.language_model(tokens, audio, self._decoder)
+
+    def _sample(self, hidden: torch.Tensor) -> int:
+        with torch.inference_mode():
+            logits = self.runtime.model.lm_head(hidden)[0].float()
+        if self.logits is not None:
+            self.logits.append(logits)
+        self._last_token = int(logits.argmax())
+        self.ended = self._last_token == self.runtime.tokenizer.eos_id
+        return self._last_token
