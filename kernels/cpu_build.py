@@ -22,13 +22,27 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("rill.kernels")
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_attn.c", "cpu_linear.c", "cpu_glue.c"))
-HEADERS = (Path(__file__).with_name("cpu_vec.h"),)  # included by the sources: part of the hash
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+SOURCES = tuple(Path(__file__).with_name(name) for name in (
+    "cpu_attn.c", "cpu_linear.c", "cpu_glue.c", "cpu_linear_bf16.c", "cpu_attn_bf16.c", "cpu_glue_bf16.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_bf16.h", "cpu_attn_common.h"))
+_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+# Instruction sets a build can target (RILL_CPU_ISA, default native: this CPU's own). The others are for
+# tests and comparisons: each compiles anywhere, and runs where the CPU has its instructions (ISA_CPU_FLAGS).
+ISAS = {
+    "native": ["-march=native"],
+    "avx512_bf16": ["-march=x86-64-v4", "-mavx512bf16", "-mtune=generic"],  # vdpbf16ps: Zen 4, Cooper Lake+
+    "avx512": ["-march=x86-64-v4", "-mtune=generic"],
+    "avx2": ["-march=x86-64-v3", "-mtune=generic"],  # AVX2 + FMA
+    "generic": ["-march=x86-64", "-mtune=generic"],  # plain C: SSE2 only
+}
+ISA_CPU_FLAGS = {"native": (), "avx512_bf16": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"),
+                 "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx2": ("avx2", "fma"), "generic": ()}
 _lock = threading.Lock()
 _loaded: list = []  # [library or None] once tried
 _why: list[str] = []  # why the library is not in use, once known
@@ -44,6 +58,48 @@ def library() -> ctypes.CDLL | None:
     return _loaded[0]
 
 
+def isa() -> str:
+    """The build library() loads: RILL_CPU_ISA, else native."""
+    name = os.environ.get("RILL_CPU_ISA", "native")
+    if name not in ISAS:
+        raise ValueError(f"RILL_CPU_ISA={name!r}: expected one of {', '.join(ISAS)}")
+    return name
+
+
+def cpu_has(name: str) -> bool:
+    """Whether this CPU runs the instructions of build `name` (ISAS)."""
+    flags = set(_cpu_flags().split())
+    return all(f in flags for f in ISA_CPU_FLAGS[name])
+
+
+def load(name: str) -> ctypes.CDLL:
+    """The library built for instruction set `name` (ISAS), compiled if need be; raises when it cannot be.
+    Only call its functions where cpu_has(name)."""
+    import torch  # noqa: F401  (loads torch's libgomp first, so ours resolves to it)
+
+    lib = ctypes.CDLL(str(_build(name)))
+    _declare(lib)
+    return lib
+
+
+def bf16_path() -> str | None:
+    """Which bfloat16 kernels the library runs ("avx512_bf16", "avx2", "generic"), None without a library."""
+    lib = library()
+    return None if lib is None else lib.rill_bf16_path().decode()
+
+
+@contextmanager
+def using(lib: ctypes.CDLL | None) -> Iterator[None]:
+    """Within it, library() returns lib (tests and A/B runs compare builds in one process)."""
+    library()
+    before = _loaded[0]
+    _loaded[0] = lib
+    try:
+        yield
+    finally:
+        _loaded[0] = before
+
+
 def unavailable_reason() -> str | None:
     """None when the library is in use; else why CPU decode attention runs the torch reference."""
     library()
@@ -56,15 +112,12 @@ def _try_load() -> ctypes.CDLL | None:
         log.info("RILL_CPU_KERNELS=0: CPU decode attention uses the torch reference, linear layers oneDNN")
         return None
     try:
-        import torch  # noqa: F401  (loads torch's libgomp first, so ours resolves to it)
-
-        lib = ctypes.CDLL(str(_build()))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        lib = load(isa())
+    except (OSError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
         _why.append(str(e))
         log.warning("rill's C kernels are unavailable (%s); CPU decode attention uses the torch reference and "
                     "linear layers torch's oneDNN, together about 1.6x slower per decode step at 64 sequences", e)
         return None
-    _declare(lib)
     return lib
 
 
@@ -88,11 +141,12 @@ def _cpu_flags() -> str:
     return next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
 
 
-def _build() -> Path:
+def _build(name: str = "native") -> Path:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, cc, version, _cpu_flags(), *_FLAGS]).encode()).hexdigest()
+    flags = [*_FLAGS, *ISAS[name]]
+    key = hashlib.sha256("\0".join([*texts, cc, version, _cpu_flags(), *flags]).encode()).hexdigest()
     target = _cache_dir() / f"rill_cpu-{key[:16]}.so"
     if target.is_file():
         return target
@@ -100,7 +154,7 @@ def _build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *_FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True,
+        done = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
@@ -128,3 +182,24 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rill_rotary_kv_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.rill_silu_mul_f32.restype = None
     lib.rill_silu_mul_f32.argtypes = [ptr, i64, i64, ptr, ctypes.c_int]
+    _declare_bf16(lib)
+
+
+def _declare_bf16(lib: ctypes.CDLL) -> None:
+    i64, f32, ptr, i32 = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
+    lib.rill_bf16_path.restype = ctypes.c_char_p
+    lib.rill_bf16_path.argtypes = []
+    lib.rill_linear_pack_bf16.restype = None
+    lib.rill_linear_pack_bf16.argtypes = [ptr, i64, i64, ptr]
+    lib.rill_linear_bf16.restype = i32
+    lib.rill_linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i32]
+    lib.rill_paged_decode_bf16.restype = i32
+    lib.rill_paged_decode_bf16.argtypes = [
+        ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, f32, f32, ptr, i32,
+    ]
+    lib.rill_rms_norm_bf16.restype = None
+    lib.rill_rms_norm_bf16.argtypes = [ptr, ptr, ptr, f32, ptr, i64, i64, i32]
+    lib.rill_rotary_kv_bf16.restype = None
+    lib.rill_rotary_kv_bf16.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, i32]
+    lib.rill_silu_mul_bf16.restype = None
+    lib.rill_silu_mul_bf16.argtypes = [ptr, i64, i64, ptr, i32]

@@ -1,0 +1,106 @@
+/* rill's CPU glue for bfloat16 models: RMSNorm (with the residual add), the rotary embedding with the KV
+ * write, and SiLU-times-up, as kernels/cpu_glue.c does for float32, over bfloat16 tensors; called through
+ * ctypes (kernels/cpu_glue.py).
+ *
+ * Each computes what models/llama.py's torch code computes in bfloat16, where every torch op widens its
+ * inputs to float32 and rounds its result to bfloat16: the residual add is rounded, the RMSNorm's
+ * statistics are float32 and its normalized row is rounded before the weight multiplies it (as
+ * transformers' RMSNorm does), the rotary embedding rounds both products and their sum, SiLU is rounded
+ * before the up projection multiplies it. Rows are independent: the result does not depend on the other
+ * rows or the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_bf16.h"
+#include "cpu_vec.h"
+
+#define PARALLEL_MIN 32768 /* elements: below, one thread (as cpu_glue.c) */
+
+/* sum of x[i]^2 over a bfloat16 row, in eight partial sums (lane i % 8), then lanes 0..7 in order. */
+static float sum_squares(const uint16_t *x, int64_t n) {
+    float part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const float v = bf16_to_f32(x[i + l]);
+            part[l] = fmaf(v, v, part[l]);
+        }
+    float total = 0.0f;
+    for (int l = 0; l < 8; l++) total += part[l];
+    for (; i < n; i++) total = fmaf(bf16_to_f32(x[i]), bf16_to_f32(x[i]), total);
+    return total;
+}
+
+/* out[r] = w * bf16(x[r] * rsqrt(mean(x[r]^2) + eps)); with delta, first x[r] = bf16(x[r] + delta[r]) in
+ * place (the residual stream). All bfloat16 [rows, dim], contiguous; out may not alias x. */
+void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, float eps, uint16_t *out, int64_t rows,
+                        int64_t dim, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * dim >= PARALLEL_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *xr = x + r * dim, *o = out + r * dim;
+        if (delta != NULL) {
+            const uint16_t *d = delta + r * dim;
+            for (int64_t i = 0; i < dim; i++) xr[i] = f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(d[i]));
+        }
+        const float scale = 1.0f / sqrtf(sum_squares(xr, dim) / (float)dim + eps);
+        for (int64_t i = 0; i < dim; i++)
+            o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * scale));
+    }
+}
+
+/* One head in place, rotate-half: x[d] = bf16(bf16(x[d] c[d]) + bf16(rot[d] s[d])), rot = (-x[half:], x[:half]).
+ * The products of two bfloat16 are exact in float32, so only the roundings written here happen. */
+static void rotate(uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t dim) {
+    const int64_t half = dim / 2;
+    for (int64_t d = 0; d < half; d++) {
+        const float lo = bf16_to_f32(x[d]), hi = bf16_to_f32(x[half + d]);
+        const float a = round_bf16(lo * bf16_to_f32(c[d])), b = round_bf16(-hi * bf16_to_f32(s[d]));
+        const float e = round_bf16(hi * bf16_to_f32(c[half + d])), f = round_bf16(lo * bf16_to_f32(s[half + d]));
+        x[d] = f32_to_bf16(a + b);
+        x[half + d] = f32_to_bf16(e + f);
+    }
+}
+
+/* As rill_rotary_kv_f32 (cpu_glue.c) over bfloat16: qkv [rows, qkv_stride], cos/sin [rows, dim], caches
+ * [num_slots, num_kv_heads, dim]; slots[r] < 0: the row is not written. */
+void rill_rotary_kv_bf16(uint16_t *qkv, int64_t qkv_stride, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t dim, const uint16_t *cos, const uint16_t *sin, uint16_t *k_cache, uint16_t *v_cache,
+                         const int64_t *slots, int num_threads) {
+    const int64_t kv = num_kv_heads * dim;
+#pragma omp parallel for num_threads(num_threads) if (rows * qkv_stride >= PARALLEL_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *row = qkv + r * qkv_stride;
+        const uint16_t *c = cos + r * dim, *s = sin + r * dim;
+        for (int64_t h = 0; h < num_heads + num_kv_heads; h++) rotate(row + h * dim, c, s, dim);
+        if (slots[r] >= 0) {
+            memcpy(k_cache + slots[r] * kv, row + num_heads * dim, sizeof(uint16_t) * (size_t)kv);
+            memcpy(v_cache + slots[r] * kv, row + num_heads * dim + kv, sizeof(uint16_t) * (size_t)kv);
+        }
+    }
+}
+
+/* out[r][i] = bf16(bf16(silu(g)) * u): gate_up [rows, 2 inter] -> out [rows, inter], bfloat16. */
+void rill_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *out, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * inter >= PARALLEL_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *g = gate_up + r * 2 * inter, *u = g + inter;
+        uint16_t *o = out + r * inter;
+        int64_t i = 0;
+#ifdef RILL_AVX2
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= inter; i += 8) {
+            float gv[8], sv[8];
+            for (int l = 0; l < 8; l++) gv[l] = bf16_to_f32(g[i + l]);
+            const __m256 x = _mm256_loadu_ps(gv);
+            _mm256_storeu_ps(sv, _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign)))));
+            for (int l = 0; l < 8; l++) o[i + l] = f32_to_bf16(round_bf16(sv[l]) * bf16_to_f32(u[i + l]));
+        }
+#endif
+        for (; i < inter; i++) {
+            const float x = bf16_to_f32(g[i]);
+            o[i] = f32_to_bf16(round_bf16(x / (1.0f + expf(-x))) * bf16_to_f32(u[i]));
+        }
+    }
+}

@@ -1,0 +1,296 @@
+/* rill's CPU linear layer in bfloat16: y = x W^T + b with x, W, b and y bfloat16 (y optionally float32),
+ * products summed in float32, over a weight packed once; called through ctypes (kernels/cpu_linear.py).
+ *
+ * Why: a decode step's time is the time to read the weights, and bfloat16 weights are half the bytes of
+ * float32 ones. Where the CPU has AVX-512 BF16 (Zen 4, Intel Cooper Lake and later), `vdpbf16ps` does
+ * two multiply-adds per lane per instruction, twice an FP32 FMA's; elsewhere the weights are widened
+ * to float32 in registers (AVX2: a shift or a mask per eight weights) and fed to FMAs.
+ *
+ * Layout: the weight [N, K] is packed into panels of 16 output columns and pairs of input features,
+ * [ceil(N/16)][ceil(K/2)][16] 32-bit words, word = W[n][2p] | W[n][2p + 1] << 16 (K padded with a zero
+ * feature when odd), 64-byte aligned: one k pair of a panel is one zmm register, the operand layout
+ * `vdpbf16ps` reads. The activations are packed per call: with AVX-512 BF16 in the same pairs,
+ * [K/2][tm] words; otherwise widened to float32, [K/2][2][tm] (the odd feature's row, then the even's).
+ *
+ * One order of arithmetic on every path: y[m][n] is one chain over the k pairs in order, starting from
+ * 0, and per pair acc += x[2p+1] W[2p+1] then acc += x[2p] W[2p], each a fused multiply-add (the
+ * product of two bfloat16 is exact in float32, so fma(a, b, acc) is the rounded acc + ab), which is
+ * the order Intel's manual gives for `vdpbf16ps` (its denormal inputs read as zero, its denormal
+ * results flushed: the one place the paths can differ). So a row's result does not depend on the other
+ * rows, the tile it lands in, the thread count or the call's size, and every machine taking a path
+ * gets the same bits. The float32 sum (and bias) is rounded once to bfloat16 at the end, as torch's
+ * bfloat16 linear does.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_bf16.h"
+
+#define PANEL 16 /* output columns per weight panel */
+#define BLOCK_M 96 /* rows of x packed at a time */
+#define TILE_M 6 /* rows per activation panel: AVX2 and plain C */
+#define WIDE_M 12 /* rows per activation panel with AVX-512 BF16 (8 for a call of at most 8 rows) */
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define RILL_BF16_DP 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RILL_BF16_AVX2 1
+#endif
+
+/* Which path this build takes, for logs and tests: "avx512_bf16", "avx2" or "generic" (plain C). */
+const char *rill_bf16_path(void) {
+#if defined(RILL_BF16_DP)
+    return "avx512_bf16";
+#elif defined(RILL_BF16_AVX2)
+    return "avx2";
+#else
+    return "generic";
+#endif
+}
+
+void rill_linear_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint32_t *out) {
+    const int64_t panels = (n + PANEL - 1) / PANEL, k2 = (k + 1) / 2;
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t q = 0; q < k2; q++)
+            for (int j = 0; j < PANEL; j++) {
+                const int64_t col = p * PANEL + j;
+                const uint32_t lo = col < n ? w[col * k + 2 * q] : 0;
+                const uint32_t hi = col < n && 2 * q + 1 < k ? w[col * k + 2 * q + 1] : 0;
+                out[(p * k2 + q) * PANEL + j] = lo | hi << 16;
+            }
+}
+
+/* One row's float32 sums (+ bias) rounded into y (bfloat16, or float32 when out_f32), cols of them. */
+static void store_row(const float *acc, const uint16_t *bias, void *y, int64_t off, int cols, int out_f32) {
+    for (int j = 0; j < cols; j++) {
+        const float v = bias ? acc[j] + bf16_to_f32(bias[j]) : acc[j];
+        if (out_f32)
+            ((float *)y)[off + j] = v;
+        else
+            ((uint16_t *)y)[off + j] = f32_to_bf16(v);
+    }
+}
+
+#ifdef RILL_BF16_DP
+/* rows of x as pairs: out [k2][tm] words, rows past `rows` zero. Inlined with a constant tm. */
+static inline __attribute__((always_inline)) void pack_rows(const uint16_t *x, int64_t ldx, int rows, int64_t k,
+                                                            uint32_t *out, int tm) {
+    const int64_t k2 = (k + 1) / 2;
+    for (int64_t q = 0; q < k2; q++)
+        for (int i = 0; i < tm; i++) {
+            const uint16_t *r = x + i * ldx;
+            out[q * tm + i] = i < rows ? (uint32_t)r[2 * q] | (2 * q + 1 < k ? (uint32_t)r[2 * q + 1] << 16 : 0) : 0;
+        }
+}
+#define PACKED_T uint32_t
+#define PACKED_PER_PAIR 1
+
+/* y rows [0..R) x NP panels = a [k2][tm] (first R rows) times panels b and b + pstride: one register per
+ * row and panel, each broadcast pair feeding NP dot products. */
+#define DP_ROW(NP, R, i)                                                                                 \
+    if (R > i) {                                                                                         \
+        const __m512bh x = (__m512bh)_mm512_set1_epi32((int)a[i]);                                       \
+        c##i = _mm512_dpbf16_ps(c##i, x, b0);                                                            \
+        if (NP > 1) d##i = _mm512_dpbf16_ps(d##i, x, b1);                                                \
+    }
+#define DP_STORE(NP, R, i)                                                                               \
+    if (R > i) {                                                                                         \
+        float t[2 * PANEL];                                                                              \
+        _mm512_storeu_ps(t, c##i);                                                                       \
+        if (NP > 1) _mm512_storeu_ps(t + PANEL, d##i);                                                   \
+        store_row(t, bias, y, off + i * ldy, NP > 1 ? 2 * PANEL : cols, out_f32);                        \
+    }
+#define DP_R(NP, R)                                                                                      \
+    static void dp##NP##_##R(const uint32_t *restrict a, const uint32_t *restrict b, int64_t pstride,    \
+                             int64_t k2, const uint16_t *bias, void *y, int64_t off, int64_t ldy, int cols, \
+                             int out_f32, int64_t tm) {                                                   \
+        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;  \
+        __m512 c8 = c0, c9 = c0, c10 = c0, c11 = c0;                                                      \
+        __m512 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0, d6 = c0, d7 = c0;                    \
+        __m512 d8 = c0, d9 = c0, d10 = c0, d11 = c0;                                                      \
+        const uint32_t *restrict e = b + pstride;                                                         \
+        _Pragma("GCC unroll 2") for (int64_t q = 0; q < k2; q++, a += tm, b += PANEL, e += PANEL) {      \
+            const __m512bh b0 = (__m512bh)_mm512_load_si512(b);                                          \
+            const __m512bh b1 = NP > 1 ? (__m512bh)_mm512_load_si512(e) : b0;                             \
+            DP_ROW(NP, R, 0) DP_ROW(NP, R, 1) DP_ROW(NP, R, 2) DP_ROW(NP, R, 3)                            \
+            DP_ROW(NP, R, 4) DP_ROW(NP, R, 5) DP_ROW(NP, R, 6) DP_ROW(NP, R, 7)                            \
+            DP_ROW(NP, R, 8) DP_ROW(NP, R, 9) DP_ROW(NP, R, 10) DP_ROW(NP, R, 11)                          \
+        }                                                                                                 \
+        DP_STORE(NP, R, 0) DP_STORE(NP, R, 1) DP_STORE(NP, R, 2) DP_STORE(NP, R, 3)                        \
+        DP_STORE(NP, R, 4) DP_STORE(NP, R, 5) DP_STORE(NP, R, 6) DP_STORE(NP, R, 7)                        \
+        DP_STORE(NP, R, 8) DP_STORE(NP, R, 9) DP_STORE(NP, R, 10) DP_STORE(NP, R, 11)                      \
+    }
+#define DP_ROWS(NP)                                                                                      \
+    DP_R(NP, 1) DP_R(NP, 2) DP_R(NP, 3) DP_R(NP, 4) DP_R(NP, 5) DP_R(NP, 6)                              \
+    DP_R(NP, 7) DP_R(NP, 8) DP_R(NP, 9) DP_R(NP, 10) DP_R(NP, 11) DP_R(NP, 12)
+DP_ROWS(1)
+DP_ROWS(2)
+typedef void (*dp_fn)(const uint32_t *restrict, const uint32_t *restrict, int64_t, int64_t, const uint16_t *, void *,
+                      int64_t, int64_t, int, int, int64_t);
+static const dp_fn DP[2][WIDE_M] = {
+    {dp1_1, dp1_2, dp1_3, dp1_4, dp1_5, dp1_6, dp1_7, dp1_8, dp1_9, dp1_10, dp1_11, dp1_12},
+    {dp2_1, dp2_2, dp2_3, dp2_4, dp2_5, dp2_6, dp2_7, dp2_8, dp2_9, dp2_10, dp2_11, dp2_12},
+};
+
+#else /* AVX2 or plain C: activations widened to float32 */
+static inline __attribute__((always_inline)) void pack_rows(const uint16_t *x, int64_t ldx, int rows, int64_t k,
+                                                            float *out, int tm) {
+    const int64_t k2 = (k + 1) / 2;
+    for (int64_t q = 0; q < k2; q++)
+        for (int i = 0; i < tm; i++) {
+            const uint16_t *r = x + i * ldx;
+            out[(2 * q) * tm + i] = i < rows && 2 * q + 1 < k ? bf16_to_f32(r[2 * q + 1]) : 0.0f;
+            out[(2 * q + 1) * tm + i] = i < rows ? bf16_to_f32(r[2 * q]) : 0.0f;
+        }
+}
+#define PACKED_T float
+#define PACKED_PER_PAIR 2
+#endif
+
+#ifdef RILL_BF16_AVX2
+/* y rows [0..R) x one panel = a [k2][2][6] times b [k2][16] pairs, the odd features' weights by a mask,
+ * the even's by a shift; twelve named accumulators, as cpu_linear.c's AVX2 tiles. */
+#define W_ROW(R, i, A)                                                                                   \
+    if (R > i) {                                                                                         \
+        const __m256 x = _mm256_broadcast_ss((A) + i);                                                   \
+        c##i##0 = _mm256_fmadd_ps(x, w0, c##i##0);                                                       \
+        c##i##1 = _mm256_fmadd_ps(x, w1, c##i##1);                                                       \
+    }
+#define W_STORE(R, i)                                                                                    \
+    if (R > i) {                                                                                         \
+        float t[PANEL];                                                                                  \
+        _mm256_storeu_ps(t, c##i##0);                                                                    \
+        _mm256_storeu_ps(t + 8, c##i##1);                                                                \
+        store_row(t, bias, y, off + i * ldy, cols, out_f32);                                             \
+    }
+#define W_TILE(R)                                                                                        \
+    static void tile##R(const float *restrict a, const uint32_t *restrict b, int64_t k2, const uint16_t *bias, \
+                        void *y, int64_t off, int64_t ldy, int cols, int out_f32) {                       \
+        __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,          \
+               c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                          \
+        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);                                         \
+        _Pragma("GCC unroll 2") for (int64_t q = 0; q < k2; q++, a += 2 * TILE_M, b += PANEL) {          \
+            const __m256i r0 = _mm256_load_si256((const __m256i *)b);                                     \
+            const __m256i r1 = _mm256_load_si256((const __m256i *)(b + 8));                               \
+            {                                                                                             \
+                const __m256 w0 = _mm256_castsi256_ps(_mm256_and_si256(r0, high));                       \
+                const __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(r1, high));                       \
+                W_ROW(R, 0, a) W_ROW(R, 1, a) W_ROW(R, 2, a) W_ROW(R, 3, a) W_ROW(R, 4, a) W_ROW(R, 5, a)  \
+            }                                                                                             \
+            {                                                                                             \
+                const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(r0, 16));                         \
+                const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(r1, 16));                         \
+                const float *e = a + TILE_M;                                                              \
+                W_ROW(R, 0, e) W_ROW(R, 1, e) W_ROW(R, 2, e) W_ROW(R, 3, e) W_ROW(R, 4, e) W_ROW(R, 5, e)  \
+            }                                                                                             \
+        }                                                                                                 \
+        W_STORE(R, 0) W_STORE(R, 1) W_STORE(R, 2) W_STORE(R, 3) W_STORE(R, 4) W_STORE(R, 5)               \
+    }
+W_TILE(1)
+W_TILE(2)
+W_TILE(3)
+W_TILE(4)
+W_TILE(5)
+W_TILE(6)
+#endif
+
+#ifndef RILL_BF16_DP
+static void tile(const float *restrict a, const uint32_t *restrict b, int64_t k2, const uint16_t *bias, void *y,
+                 int64_t off, int64_t ldy, int rows, int cols, int out_f32) {
+#ifdef RILL_BF16_AVX2
+    switch (rows) {
+    case 6: tile6(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
+    case 5: tile5(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
+    case 4: tile4(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
+    case 3: tile3(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
+    case 2: tile2(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
+    default: tile1(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
+    }
+#else
+    float acc[TILE_M][PANEL] = {{0}};
+    for (int64_t q = 0; q < k2; q++, a += 2 * TILE_M, b += PANEL)
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < PANEL; j++) {
+                const float odd = bf16_to_f32((uint16_t)(b[j] >> 16)), even = bf16_to_f32((uint16_t)b[j]);
+                acc[i][j] = __builtin_fmaf(a[TILE_M + i], even, __builtin_fmaf(a[i], odd, acc[i][j]));
+            }
+    for (int i = 0; i < rows; i++) store_row(acc[i], bias, y, off + i * ldy, cols, out_f32);
+#endif
+}
+#endif
+
+/* y [m, n] (row stride n; bfloat16, or float32 when out_f32) = x [m, k] bfloat16 (row stride ldx) times
+ * the packed weight, plus bias [n] bfloat16 (or NULL). Returns 0, or -1 when the scratch for the packed
+ * rows cannot be had. */
+int rill_linear_bf16(const uint16_t *x, int64_t ldx, const uint32_t *packed, const uint16_t *bias, void *y,
+                     int out_f32, int64_t m, int64_t n, int64_t k, int num_threads) {
+    if (m <= 0 || n <= 0)
+        return 0;
+    const int64_t k2 = (k + 1) / 2, panels = (n + PANEL - 1) / PANEL;
+#ifdef RILL_BF16_DP
+    const int tm = m <= 8 ? 8 : WIDE_M; /* up to 8 rows (decode) in panels of 8 */
+#else
+    const int tm = TILE_M;
+#endif
+    const int64_t block = m < BLOCK_M ? m : BLOCK_M;
+    const int64_t per_tile = (int64_t)tm * k2 * PACKED_PER_PAIR; /* packed elements per tile of rows */
+    const size_t bytes = ((size_t)((block + tm - 1) / tm) * (size_t)per_tile * sizeof(PACKED_T) + 63) / 64 * 64;
+    PACKED_T *rows = aligned_alloc(64, bytes);
+    if (rows == NULL)
+        return -1;
+    for (int64_t m0 = 0; m0 < m; m0 += BLOCK_M) {
+        const int64_t mb = m - m0 < BLOCK_M ? m - m0 : BLOCK_M;
+        const int64_t tiles = (mb + tm - 1) / tm;
+#pragma omp parallel num_threads(num_threads)
+        {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const int64_t left = mb - t * tm;
+                const int r = left < tm ? (int)left : tm;
+                const uint16_t *src = x + (m0 + t * tm) * ldx;
+#ifdef RILL_BF16_DP
+                if (tm == 8)
+                    pack_rows(src, ldx, r, k, rows + t * per_tile, 8);
+                else
+                    pack_rows(src, ldx, r, k, rows + t * per_tile, WIDE_M);
+#else
+                pack_rows(src, ldx, r, k, rows + t * per_tile, TILE_M);
+#endif
+            }
+            int64_t first_single = 0;
+#ifdef RILL_BF16_DP
+            const int64_t whole = n / PANEL; /* whole panels two at a time; the rest one at a time */
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < whole / 2; g++)
+                for (int64_t t = 0; t < tiles; t++) {
+                    const int64_t left = mb - t * tm, p = 2 * g;
+                    DP[1][(left < tm ? left : tm) - 1](rows + t * per_tile, packed + p * k2 * PANEL, k2 * PANEL, k2,
+                                                       bias ? bias + p * PANEL : NULL, y,
+                                                       (m0 + t * tm) * n + p * PANEL, n, PANEL, out_f32, tm);
+                }
+            first_single = whole / 2 * 2;
+#endif
+#pragma omp for schedule(static)
+            for (int64_t p = first_single; p < panels; p++) {
+                const int64_t left_cols = n - p * PANEL;
+                const int cols = left_cols < PANEL ? (int)left_cols : PANEL;
+                for (int64_t t = 0; t < tiles; t++) {
+                    const int64_t left = mb - t * tm;
+                    const int r = left < tm ? (int)left : tm;
+                    const int64_t off = (m0 + t * tm) * n + p * PANEL;
+                    const uint16_t *pb = bias ? bias + p * PANEL : NULL;
+#ifdef RILL_BF16_DP
+                    DP[0][r - 1](rows + t * per_tile, packed + p * k2 * PANEL, 0, k2, pb, y, off, n, cols, out_f32, tm);
+#else
+                    tile(rows + t * per_tile, packed + p * k2 * PANEL, k2, pb, y, off, n, r, cols, out_f32);
+#endif
+                }
+            }
+        }
+    }
+    free(rows);
+    return 0;
+}
