@@ -145,7 +145,7 @@ def test_long_stream_state_stays_within_the_windows(runtimes):
     assert stream.num_steps == stream.num_frames + 1 == 40 * SAMPLE_RATE // 2 // FRAME + 1
     assert all(c.num_cached == spec.sliding_window - 1 for c in stream._decoder.layers)
     assert all(c.num_cached == spec.codec.sliding_window - 1 for c in stream._mimi.layers)
-    assert stream._pending.size < FRAME
+    assert stream._audio.size < FRAME
     assert sum(s.numel() for s in stream._mimi.conv_states) < 64 * FRAME
 
 

@@ -26,6 +26,17 @@ class LayerKV:
     def num_cached(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+@dataclass
+class RowsKV:
+    """Several streams' caches of one layer, stepped as one batch (row b is `rows[b]`, lengths may differ)."""
+
+    rows: list[LayerKV]
+
 
 class Rotary(nn.Module):
     """Rotary embedding (rotate-half layout), angles computed in float32 from absolute positions."""
@@ -39,6 +50,14 @@ class Rotary(nn.Module):
         positions = torch.arange(start, start + length, device=self.inv_freq.device).float()
         freqs = positions[:, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, Dh]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def cos_sin_rows(self, starts: list[int], length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row start positions: cos, sin [B, 1, T, Dh] (each row's values are `cos_sin(start)`'s)."""
+        device = self.inv_freq.device
+        positions = (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)).float()
+        freqs = positions[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -75,6 +94,9 @@ class SelfAttention(nn.Module):
         q = apply_rotary(self._heads(self.q_proj(x)), cos, sin)
         k = apply_rotary(self._heads(self.k_proj(x)), cos, sin)
         v = self._heads(self.v_proj(x))
+        if isinstance(cache, RowsKV):
+            out = self._attend_rows(q, k, v, cache, window)
+            return self.o_proj(out.transpose(1, 2).flatten(2))
         num_past = cache.num_cached
         if num_past:
             k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
@@ -87,3 +109,42 @@ class SelfAttention(nn.Module):
         mask = window_mask(x.shape[1], num_past, window, x.device)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).flatten(2))
+
+    def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: RowsKV,
+                     window: int) -> torch.Tensor:
+        """q [B, H, T, Dh], k and v [B, H_kv, T, Dh] -> [B, H, T, Dh]. Row b's cached keys are left-padded
+        to the longest row's and the padding masked out, so each row sees exactly what it sees alone."""
+        past = [row.num_cached for row in cache.rows]
+        longest, num_queries = max(past), q.shape[2]
+        if longest:
+            k = torch.cat([torch.cat([_left_pad(row.k, longest, k) for row in cache.rows]), k], dim=2)
+            v = torch.cat([torch.cat([_left_pad(row.v, longest, v) for row in cache.rows]), v], dim=2)
+        keep = window - 1  # what each row's next query can still see
+        for b, row in enumerate(cache.rows):
+            start = max(longest - past[b], k.shape[2] - keep)
+            row.k, row.v = k[b:b + 1, :, start:].clone(), v[b:b + 1, :, start:].clone()
+        rep = self.num_heads // self.num_kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        mask = rows_mask(num_queries, past, window, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _left_pad(cached: torch.Tensor | None, length: int, like: torch.Tensor) -> torch.Tensor:
+    """One row's cached [1, H_kv, n, Dh] -> [1, H_kv, length, Dh], zeros in front (masked out)."""
+    n = 0 if cached is None else cached.shape[2]
+    if n == length:
+        return cached
+    pad = like.new_zeros(1, like.shape[1], length - n, like.shape[3])
+    return pad if cached is None else torch.cat([pad, cached], dim=2)
+
+
+def rows_mask(num_queries: int, past: list[int], window: int, device: torch.device) -> torch.Tensor:
+    """[B, 1, T, L + T] bool for left-padded rows (L = max(past)): row b's key j is real from L - past[b]
+    on, and query i (at L + i) sees it when it is no later and within the window, as `window_mask`."""
+    longest = max(past)
+    q = torch.arange(num_queries, device=device)[:, None] + longest
+    k = torch.arange(longest + num_queries, device=device)[None, :]
+    seen = (k <= q) & (q - k < window)  # [T, L + T]
+    real = k[None] >= (longest - torch.tensor(past, device=device))[:, None, None]  # [B, 1, L + T]
+    return (seen[None] & real)[:, None]

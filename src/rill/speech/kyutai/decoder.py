@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rill.speech.kyutai.attention import LayerKV, Rotary, SelfAttention
+from rill.speech.kyutai.attention import LayerKV, RowsKV, Rotary, SelfAttention
 from rill.speech.kyutai.config import KyutaiSpec
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -24,6 +24,10 @@ _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 class DecoderState:
     layers: list[LayerKV] = field(default_factory=list)
     num_positions: int = 0  # positions in the stream so far (the KV keeps only the last window - 1)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(layer.num_bytes for layer in self.layers)
 
 
 class RMSNorm(nn.Module):
@@ -103,4 +107,16 @@ class KyutaiDecoder(nn.Module):
         for layer, cache in zip(self.layers, state.layers):
             x = layer(x, rope, cache)
         state.num_positions += 1
+        return self.lm_head(self.norm(x))[:, 0].float()
+
+    @torch.inference_mode()
+    def step_rows(self, text: torch.Tensor, codes: torch.Tensor, states: list[DecoderState]) -> torch.Tensor:
+        """One position for each of several streams (row b at its own position, with its own cache):
+        text [B], codes [B, K] -> logits [B, vocab] (float32), each row's what `step` gives it alone."""
+        x = self.embed(text, codes)
+        rope = self.rotary.cos_sin_rows([s.num_positions for s in states], 1, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, RowsKV([s.layers[i] for s in states]))
+        for state in states:
+            state.num_positions += 1
         return self.lm_head(self.norm(x))[:, 0].float()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rill.speech.kyutai.attention import LayerKV, Rotary, SelfAttention
+from rill.speech.kyutai.attention import LayerKV, RowsKV, Rotary, SelfAttention
 from rill.speech.kyutai.config import MimiSpec
 from rill.speech.kyutai.mimi_conv import CausalConv1d, SeanetEncoder
 
@@ -26,6 +26,11 @@ class MimiState:
     conv_states: list = field(default_factory=list)  # one per SEANet conv, then the downsampling conv
     layers: list[LayerKV] = field(default_factory=list)
     num_steps: int = 0  # 25 Hz transformer positions consumed
+
+    @property
+    def num_bytes(self) -> int:
+        convs = sum(t.numel() * t.element_size() for t in self.conv_states if t is not None)
+        return convs + sum(layer.num_bytes for layer in self.layers)
 
     @classmethod
     def new(cls, num_convs: int, num_layers: int) -> MimiState:
@@ -102,6 +107,28 @@ class MimiEncoder(nn.Module):
             x = layer(x, rope, cache)
         state.num_steps += x.shape[1]
         latents, state.conv_states[-1] = self.downsample(x.transpose(1, 2), state.conv_states[-1])
+        return self.quantize(latents, num_codebooks)
+
+    @torch.inference_mode()
+    def encode_rows(self, audio: torch.Tensor, states: list[MimiState], num_codebooks: int) -> torch.Tensor:
+        """Several streams at once: audio [B, T] (the same whole frames' length for every row), one state
+        per row whose first call is behind it (a first call's conv padding is read from its own audio,
+        see mimi_conv) -> codes [B, F, num_codebooks], each row's what `encode` gives it alone."""
+        assert audio.shape[-1] % self.spec.frame_size == 0, "Mimi streams whole frames"
+        assert all(s.num_steps for s in states), "a stream's first call runs alone"
+        convs = [torch.cat([s.conv_states[i] for s in states]) for i in range(len(states[0].conv_states))]
+        x = self.encoder(audio[:, None, :], convs).transpose(1, 2)  # [B, steps, hidden]
+        rope = self.rotary.cos_sin_rows([s.num_steps for s in states], x.shape[1], x.dtype)
+        for i, layer in enumerate(self.encoder_transformer["layers"]):
+            x = layer(x, rope, RowsKV([s.layers[i] for s in states]))
+        latents, convs[-1] = self.downsample(x.transpose(1, 2), convs[-1])
+        for b, state in enumerate(states):
+            state.num_steps += x.shape[1]
+            state.conv_states = [conv[b:b + 1].clone() for conv in convs]
+        return self.quantize(latents, num_codebooks)
+
+    def quantize(self, latents: torch.Tensor, num_codebooks: int) -> torch.Tensor:
+        """latents [B, hidden, F] -> codes [B, F, num_codebooks]."""
         num_semantic = self.spec.num_semantic_quantizers
         semantic = self.semantic.encode(latents, min(num_semantic, num_codebooks))
         if num_codebooks <= num_semantic:
