@@ -1,9 +1,10 @@
 """A decoder layer's elementwise work on the CPU in C (kernels/cpu_glue.c): RMSNorm (with the residual
 add before it), the rotary embedding with the KV cache write, and the gated MLP's SiLU-times-up.
 
-models/llama.py calls these for float32 CPU tensors when the library is built (kernels/cpu_build.py)
-and keeps its torch code otherwise; each function here computes what that torch code computes, one
-row at a time (a row's result does not depend on the other rows or the thread count).
+models/llama.py calls these for float32 or bfloat16 CPU tensors (kernels/cpu_glue_bf16.c) when the
+library is built (kernels/cpu_build.py) and keeps its torch code otherwise; each function here computes
+what that torch code computes in the tensors' dtype, one row at a time (a row's result does not depend
+on the other rows or the thread count).
 """
 
 from __future__ import annotations
@@ -15,26 +16,31 @@ import torch
 from rill.kernels import cpu_build
 
 
+DTYPES = (torch.float32, torch.bfloat16)
+
+
 def supports(*tensors: torch.Tensor) -> bool:
-    """Whether these tensors can go to the C glue (float32, on the CPU, the library built)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_build.library() is not None
+    """Whether these tensors can go to the C glue (on the CPU, all float32 or all bfloat16, the library built)."""
+    dtype = tensors[0].dtype
+    return (dtype in DTYPES and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+            and cpu_build.library() is not None)
 
 
 _scratch = threading.local()  # per thread: the engine's worker reuses its buffers every layer and step
 
 
-def scratch(name: str, rows: int, cols: int) -> torch.Tensor:
-    """A [rows, cols] float32 buffer of this thread's, the same memory at every call with this name: for
+def scratch(name: str, rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A [rows, cols] buffer (float32 unless dtype says) of this thread's, the same memory at every call with this name: for
     an activation that is dead before the next call asks for it (a layer's qkv, its norm's output,
     its MLP's gate_up). A fresh tensor of 2 MB or more costs its page faults every time (with huge
     pages, 2 MB zeroed per fault): at a prefill chunk of 2,048 rows those outweighed the ops."""
     buffers = getattr(_scratch, "buffers", None)
     if buffers is None:
         buffers = _scratch.buffers = {}
-    key = (name, torch.is_inference_mode_enabled())  # an inference tensor is read-only outside it
+    key = (name, dtype, torch.is_inference_mode_enabled())  # an inference tensor is read-only outside it
     buf = buffers.get(key)
     if buf is None or buf.numel() < rows * cols:
-        buf = buffers[key] = torch.empty(rows * cols, dtype=torch.float32)
+        buf = buffers[key] = torch.empty(rows * cols, dtype=dtype)
     return buf[: rows * cols].view(rows, cols)
 
 
@@ -51,7 +57,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Ten
     else:
         x = x.contiguous()
     out = torch.empty_like(x) if out is None else out.view(x.shape)
-    cpu_build.library().rill_rms_norm_f32(
+    lib = cpu_build.library()
+    (lib.rill_rms_norm_bf16 if x.dtype == torch.bfloat16 else lib.rill_rms_norm_f32)(
         x.data_ptr(), None if delta is None else delta.data_ptr(), weight.detach().contiguous().data_ptr(), eps,
         out.data_ptr(), x.numel() // dim, dim, torch.get_num_threads(),
     )
@@ -71,7 +78,8 @@ def rotary_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num
         raise ValueError("the KV caches must be contiguous")
     cos, sin = cos.reshape(rows, dim).contiguous(), sin.reshape(rows, dim).contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
-    cpu_build.library().rill_rotary_kv_f32(
+    lib = cpu_build.library()
+    (lib.rill_rotary_kv_bf16 if qkv.dtype == torch.bfloat16 else lib.rill_rotary_kv_f32)(
         qkv.data_ptr(), qkv.stride(0), rows, num_heads, num_kv_heads, dim, cos.data_ptr(), sin.data_ptr(),
         k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), torch.get_num_threads(),
     )
@@ -83,7 +91,8 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     gate_up = gate_up.contiguous()
     inter = gate_up.shape[-1] // 2
     shape = (*gate_up.shape[:-1], inter)
-    out = torch.empty(shape, dtype=torch.float32) if out is None else out.view(shape)
-    cpu_build.library().rill_silu_mul_f32(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(),
-                                          torch.get_num_threads())
+    out = torch.empty(shape, dtype=gate_up.dtype) if out is None else out.view(shape)
+    lib = cpu_build.library()
+    (lib.rill_silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else lib.rill_silu_mul_f32)(
+        gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(), torch.get_num_threads())
     return out

@@ -118,20 +118,25 @@ def test_a_sequence_gets_the_same_bits_alone_batched_and_on_any_thread_count():
     assert torch.equal(batched, batched_one_thread)
 
 
-def test_dispatch_sends_float32_cpu_decode_to_c_and_the_rest_to_the_reference(monkeypatch):
+def test_dispatch_sends_float32_and_bfloat16_cpu_decode_to_c_and_the_rest_to_the_reference(monkeypatch):
     calls = []
     real = cpu_build.library()
-    lib = type("Spy", (), {"rill_paged_decode_f32": lambda self, *a: calls.append(a) or real.rill_paged_decode_f32(*a)})()
+    lib = type("Spy", (), {
+        "rill_paged_decode_f32": lambda self, *a: calls.append("f32") or real.rill_paged_decode_f32(*a),
+        "rill_paged_decode_bf16": lambda self, *a: calls.append("bf16") or real.rill_paged_decode_bf16(*a),
+    })()
     monkeypatch.setattr(cpu_build, "library", lambda: lib)
     gen = torch.Generator().manual_seed(7)
     case = make_case(gen, [20, 30])
     dispatch.paged_attention(*case, 0.125)
-    assert len(calls) == 1
+    assert calls == ["f32"]
     query, k_cache, v_cache, *rest = case
-    dispatch.paged_attention(query.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), *rest, 0.125)  # reference
+    dispatch.paged_attention(query.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), *rest, 0.125)
+    assert calls == ["f32", "bf16"]  # kernels/cpu_attn_bf16.c
+    dispatch.paged_attention(query.half(), k_cache.half(), v_cache.half(), *rest, 0.125)  # reference
     big = make_case(gen, [5], heads=2, kv_heads=1, dim=cpu_attn.MAX_HEAD_DIM + 8)  # past the C buffers
     torch.testing.assert_close(dispatch.paged_attention(*big, 0.1), reference.paged_attention(*big, 0.1))
-    assert len(calls) == 1
+    assert calls == ["f32", "bf16"]
 
 
 def test_output_rows_written_into_a_strided_out_buffer():

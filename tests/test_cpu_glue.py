@@ -120,8 +120,9 @@ def test_rows_do_not_depend_on_the_batch_or_the_threads():
         torch.set_num_threads(threads)
 
 
-def test_supports_only_float32_cpu_tensors():
+def test_supports_only_float32_or_bfloat16_cpu_tensors_of_one_dtype():
     assert cpu_glue.supports(torch.zeros(2), torch.zeros(3))
+    assert cpu_glue.supports(torch.zeros(2, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16))
     assert not cpu_glue.supports(torch.zeros(2), torch.zeros(3, dtype=torch.bfloat16))
     assert not cpu_glue.supports(torch.zeros(2, dtype=torch.float16))
 

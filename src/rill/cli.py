@@ -14,7 +14,8 @@ def _env(name: str, default=None, kind=str):
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default=_env("DTYPE"), choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=_env("DTYPE"), choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): the checkpoint's own; on the CPU float16 runs as float32 (logged)")
     p.add_argument("--device", default=_env("DEVICE", "cpu"))
     p.add_argument("--max-model-len", type=int, default=_env("MAX_MODEL_LEN", None, int))
     p.add_argument("--num-kv-blocks", type=int, default=_env("NUM_KV_BLOCKS", None, int), help="KV budget in blocks")

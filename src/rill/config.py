@@ -21,7 +21,7 @@ def default_kv_cache_bytes() -> int:
 @dataclass
 class EngineConfig:
     model: str = "rill-tiny"  # "rill-tiny" or a local Hugging Face directory
-    dtype: str | None = None  # float32 | bfloat16 | float16; None: the checkpoint's own
+    dtype: str | None = None  # auto | float32 | bfloat16 | float16; None or auto: the checkpoint's own (models/dtype_choice.py)
     device: str = "cpu"
     block_size: int = 16
     num_kv_blocks: int | None = None  # KV budget in blocks; None: derive from kv_cache_bytes

@@ -18,7 +18,7 @@ from rill.distributed.group import TPGroup, rank_device
 from rill.distributed.ranks import Ranks
 from rill.errors import ModelLoadError
 from rill.models.attention import AttentionMetadata
-from rill.models.config import load_model_config
+from rill.models.dtype_choice import load_config_for_device
 from rill.models.loader import load_generation_config, resolve_model_dir
 from rill.models.parallel import check_divisible
 from rill.models.parallel_loader import load_model_shard
@@ -91,7 +91,7 @@ def load_tensor_parallel(config) -> tuple:
     size = config.tensor_parallel_size
     model_dir = resolve_model_dir(config.model)
     generation = load_generation_config(model_dir)
-    cfg = load_model_config(model_dir, generation, config.dtype)
+    cfg = load_config_for_device(model_dir, generation, config.dtype, config.device)
     if getattr(cfg, "vision", None) is not None:
         raise ModelLoadError(f"{model_dir}: tensor parallelism does not support vision models yet")
     check_divisible(cfg, size)  # before any process starts

@@ -24,7 +24,7 @@ from rill.distributed import wire
 from rill.distributed.group import TPGroup, rank_device
 from rill.engine.kv_layout import KVLayout
 from rill.engine.model_runner import ModelRunner
-from rill.models.config import load_model_config
+from rill.models.dtype_choice import load_config_for_device
 from rill.models.loader import load_generation_config, resolve_model_dir
 from rill.models.parallel_loader import load_model_shard
 
@@ -62,7 +62,7 @@ def _serve(spec: WorkerSpec, conn) -> None:
     conn.send(wire.Ready())  # started: rank 0 joins the group only once every rank can
     group = TPGroup.join(spec.rank, spec.size, rank_device(config.device, spec.rank), port=spec.store_port)
     model_dir = resolve_model_dir(config.model)
-    cfg = load_model_config(model_dir, load_generation_config(model_dir), config.dtype)
+    cfg = load_config_for_device(model_dir, load_generation_config(model_dir), config.dtype, config.device)
     model = load_model_shard(model_dir, cfg, group)
     conn.send(wire.Ready())
     msg = conn.recv()

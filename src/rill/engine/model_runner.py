@@ -53,7 +53,7 @@ class ModelRunner:
                  for _ in range(self.layout.layers_per_group)]
         self.kv_caches = [slots[j] for j in self.layout.layer_slot]
         self.graphs: DecodeGraphs | None = None  # capture_decode_graphs (--cuda-graphs)
-        if self.device.type == "cpu" and cfg.dtype == torch.float32:
+        if self.device.type == "cpu" and cfg.dtype in (torch.float32, torch.bfloat16):
             cpu_build.library()  # the C kernels are built by now (pack_for_cpu), once per machine
 
     def capture_decode_graphs(self, max_batch: int, max_blocks: int) -> float:

@@ -2,7 +2,8 @@
 product for few rows.
 
 Packed in C (pack_for_cpu, which ModelRunner calls on its model, when rill's CPU kernels are built:
-kernels/cpu_build.py): a float32 CPU Linear holds its weight laid out in 16-column panels and
+kernels/cpu_build.py): a bfloat16 CPU Linear holds its weight in pairs of features in 16-column panels
+(kernels/cpu_linear_bf16.c: AVX-512 BF16 dot products, or widened to float32 for AVX2 FMAs); a float32 CPU Linear holds its weight laid out in 16-column panels and
 multiplies with kernels/cpu_linear.c. Measured on a 2-core AVX2 EPYC, two threads, weights cold, against
 oneDNN's packed GEMM below (`rill bench cpu-linear`): 1.29-1.53x faster at 1 and 8 rows (a decode step:
 the time to stream the weights), 1.08-1.30x at 64, 0.97-1.12x at 2,048 (prefill). With AVX-512 (a 2-core
@@ -99,8 +100,8 @@ def _few_cpu_rows(x: torch.Tensor) -> bool:
 
 
 def pack_for_cpu(model: nn.Module) -> int:
-    """Pack the weight of every float32 CPU Linear in `model` for rill's C kernel, or for oneDNN where
-    the kernel is not built (see the module's docstring), and free the plain weight where no other
+    """Pack the weight of every float32 or bfloat16 CPU Linear in `model` for rill's C kernel (bfloat16:
+    kernels/cpu_linear_bf16.c), or a float32 one for oneDNN where the kernel is not built (see the module's docstring), and free the plain weight where no other
     module shares it. Returns the number of layers packed: 0 where neither is available."""
     if not isinstance(model, nn.Module):  # a tensor-parallel driver's handle: its ranks hold the layers
         return 0
@@ -111,12 +112,12 @@ def pack_for_cpu(model: nn.Module) -> int:
         if not isinstance(layer, Linear) or not layer.pack or layer.packed is not None or layer.c_packed is not None:
             continue
         weight = layer.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        if weight.device.type != "cpu" or weight.dtype not in cpu_linear.DTYPES:
             continue
         with torch.no_grad():
             if cpu_linear.supports(weight):
                 layer.c_packed = cpu_linear.pack(weight)
-            elif onednn:
+            elif onednn and weight.dtype == torch.float32:
                 layer.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
             else:
                 continue

@@ -3,7 +3,7 @@
 Projections are fused (qkv, gate_up) for fewer matmuls per layer; the loader maps
 Hugging Face's separate tensors into them.
 Their Linear takes a faster CPU path for a decode step's few rows (models/linear.py). On the CPU in
-float32 the elementwise work between the matrix products (RMSNorm with the residual add, the rotary
+float32 or bfloat16 the elementwise work between the matrix products (RMSNorm with the residual add, the rotary
 embedding with the KV write, SiLU-times-up) runs in C when rill's kernels are built
 (kernels/cpu_glue.py), one pass each instead of a dozen torch operators.
 """
@@ -56,7 +56,8 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         glue = self.q_norm is None and cpu_glue.supports(x, cos, k_cache, v_cache)
         # on the C path qkv lives in this thread's scratch: q, a view of it, is dead once attended
-        qkv = self.qkv_proj(x, out=cpu_glue.scratch("qkv", x.shape[0], self.q_size + 2 * self.kv_size) if glue else None)
+        qkv = self.qkv_proj(x, out=cpu_glue.scratch("qkv", x.shape[0], self.q_size + 2 * self.kv_size, x.dtype)
+                           if glue else None)
         if glue:
             # one pass in C: q and k rotated in qkv, k and v written to their cache slots
             q = cpu_glue.rotary_write_kv(qkv, cos, sin, self.num_heads, self.num_kv_heads, k_cache, v_cache,
@@ -87,8 +88,9 @@ class MLP(nn.Module):
     def forward(self, x):
         if cpu_glue.supports(x):  # both intermediates in this thread's scratch: dead after down_proj
             rows = x.numel() // x.shape[-1]
-            gate_up = self.gate_up_proj(x, out=cpu_glue.scratch("gate_up", rows, 2 * self.intermediate))
-            return self.down_proj(cpu_glue.silu_mul(gate_up, out=cpu_glue.scratch("act", rows, self.intermediate)))
+            gate_up = self.gate_up_proj(x, out=cpu_glue.scratch("gate_up", rows, 2 * self.intermediate, x.dtype))
+            return self.down_proj(cpu_glue.silu_mul(gate_up, out=cpu_glue.scratch("act", rows, self.intermediate,
+                                                                                   x.dtype)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -108,7 +110,7 @@ class DecoderLayer(nn.Module):
             # updated in place, the attention's add fused into the next norm's pass.
             # The norms' outputs share one scratch buffer: each is dead once the next projection read it.
             first, second = self.input_layernorm, self.post_attention_layernorm
-            norm = cpu_glue.scratch("norm", *x.shape)
+            norm = cpu_glue.scratch("norm", *x.shape, x.dtype)
             attn = self.self_attn(cpu_glue.rms_norm(x, first.weight, first.eps, out=norm), cos, sin, kv_cache, meta)
             h = cpu_glue.rms_norm(x, second.weight, second.eps, delta=attn, out=norm)
             return x.add_(self.mlp(h))

@@ -9,7 +9,8 @@ import torch
 from safetensors import safe_open
 
 from rill.errors import ModelLoadError
-from rill.models.config import ModelConfig, load_model_config
+from rill.models.config import ModelConfig
+from rill.models.dtype_choice import load_config_for_device
 from rill.models.llama import CausalLM
 from rill.models.moe import MoeCausalLM, expert_checkpoint_names
 from rill.models.rope import RotaryEmbedding
@@ -198,5 +199,5 @@ def load_model(model_dir: Path, cfg: ModelConfig, device: str | torch.device = "
 def load(model: str | Path, dtype: str | None = None, device: str = "cpu") -> tuple[Path, ModelConfig, dict, CausalLM]:
     model_dir = resolve_model_dir(model)
     generation = load_generation_config(model_dir)
-    cfg = load_model_config(model_dir, generation, dtype)
+    cfg = load_config_for_device(model_dir, generation, dtype, device)  # `--dtype auto`'s rule on the CPU
     return model_dir, cfg, generation, load_model(model_dir, cfg, device)
