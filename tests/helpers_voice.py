@@ -104,6 +104,20 @@ class VoiceClient:
                 self.log.append((trio.current_time(), event))
                 self._send.send_nowait(event)
 
+    def timeline(self) -> str:
+        """The events received so far, one line each (runs of one delta folded), to read a failure by."""
+        rows: list[list] = []  # [seconds since the first event, description, count]
+        start = self.log[0][0] if self.log else 0.0
+        for at, event in self.log:
+            ids = " ".join(f"{k}={event[k]}" for k in ("response_id", "item_id") if k in event)
+            status = (event.get("response") or {}).get("status", "")
+            line = f"{event['type']} {ids} {status}".rstrip()
+            if rows and rows[-1][1] == line and "delta" in event["type"]:
+                rows[-1][2] += 1
+            else:
+                rows.append([at - start, line, 1])
+        return "\n".join(f"[{at:7.3f}] {line}" + (f" x{n}" if n > 1 else "") for at, line, n in rows)
+
     async def send(self, type_: str, **fields) -> str:
         event_id = f"client_{next(self._ids)}"
         await self.ws.send_message(json.dumps({"type": type_, "event_id": event_id, **fields}))

@@ -23,7 +23,7 @@ def test_bench_voice_writes_every_measurement(tmp_path):
                               max_target_positions=64)
     out = tmp_path / "voice.json"
     assert bench_main(["voice", "--llm", str(llm), "--speech-model", str(speech), "--n", "2", "--streams", "1,2",
-                       "--max-tokens", "4", "--threads", "1", "--json", str(out), "--spoken-sessions", "1", "--cache-dir",
+                       "--max-tokens", "4", "--threads", "1", "--json", str(out), "--spoken-sessions", "1", "--voices", "espeak,kokoro", "--kokoro-shape", "small", "--cache-dir",
                        str(tmp_path / "cache"), "--no-progress"]) == 0
     result = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
@@ -32,5 +32,8 @@ def test_bench_voice_writes_every_measurement(tmp_path):
     assert first["server_vad"] > result["config"]["silence_ms"]  # the VAD waits for its silence first
     assert [s["streams"] for s in result["concurrency"]] == [1, 2]
     assert len(result["turns"]) == 2 and all("lags_s" in t for t in result["turns"])
-    spoken = result["spoken_answer"]  # answers spoken by the default voice, and the transcribe-chat-speak cascade
-    assert [s["sessions"] for s in spoken["sessions"]] == [1] and spoken["cascade"]["n"] == 2
+    # answers spoken by each voice (the default, a random Kokoro), and the transcribe-chat-speak cascade
+    assert list(result["spoken_answer"]) == ["espeak", "kokoro"]
+    for spoken in result["spoken_answer"].values():
+        assert [s["sessions"] for s in spoken["sessions"]] == [1] and spoken["cascade"]["n"] == 2
+        assert spoken["manual_commit"]["n"] == 2 and spoken["manual_commit"]["p50"] > 0

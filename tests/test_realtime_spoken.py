@@ -196,46 +196,50 @@ async def test_voice_settings_past_their_limits_are_refused_whole(session, param
                    "server VAD creates after the barge-in sends no audio and, cancelled, no response.done within 60 s")
 async def test_speech_over_a_spoken_answer_cancels_it_frees_its_request_and_keeps_what_was_heard(endless_dir):
     async with spoken_server(endless_dir) as server, voice_client(server, "http") as client:
-        await client.update(**AUDIO, max_output_tokens=600,
-                            audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}})
-        await client.send("conversation.item.create", item=user_text("Tell me a long story."))
-        await client.send("response.create")
-        before = await client.until("response.output_audio.delta")
-        first_id = before[-1]["response_id"]
-        await client.stream(np.concatenate([speak("What is twelve plus thirty?", rate_wpm=140), silence(1.0)]))
-        events = before + await client.until("input_audio_buffer.committed")
-        started = of_type(events, "input_audio_buffer.speech_started")
-        done = next(e for e in events if e["type"] == "response.done" and e["response"]["id"] == first_id)
-        assert events.index(started[0]) < events.index(done)  # cancelled by the speech (not ended on its own)
-        assert done["response"]["status"] == "cancelled"
-        assert done["response"]["status_details"]["reason"] == "turn_detected"
-        after = events[events.index(done):]
-        assert not [e for e in after if e.get("response_id") == first_id and "delta" in e["type"]]
-        sent = transcript([e for e in events if e.get("response_id") == first_id])
-        item = done["response"]["output"][0]
-        assert item["content"][0]["transcript"] == sent  # the item holds what was sent...
-        (truncated,) = [e for e in events if e["type"] == "conversation.item.truncated"]
-        assert truncated["item_id"] == item["id"]  # ...cut at once to what was played by the barge-in
-        sent_ms = len(audio_bytes([e for e in events if e.get("response_id") == first_id])) / 48
-        assert 0 < truncated["audio_end_ms"] < sent_ms
-        await client.send("conversation.item.retrieve", item_id=item["id"])
-        got = await client.until("conversation.item.retrieved")
-        heard = got[-1]["item"]["content"][0]["transcript"]
-        assert len(heard) < len(sent) and sent.startswith(heard)
-        # the answer to the question asked over it (server VAD's create_response) reads the conversation as heard
-        # its first audio may come before the retrieve's answer (a loaded machine): wait only if it has not
-        if not [e for e in got if e["type"] == "response.output_audio.delta" and e["response_id"] != first_id]:
-            got += await client.until("response.output_audio.delta")
-        answer_id = next(e for e in reversed(got) if e["type"] == "response.output_audio.delta")["response_id"]
-        await client.send("response.cancel", response_id=answer_id)
-        answer = (await client.until("response.done"))[-1]["response"]
-        assert answer["id"] == answer_id and answer["status"] == "cancelled"
-        (question,) = of_type(events + got, "conversation.item.input_audio_transcription.completed")
-        story = {"role": "user", "content": "Tell me a long story."}
-        asked = {"role": "user", "content": question["transcript"]}
-        as_heard = prompt_tokens(server, [story, {"role": "assistant", "content": heard}, asked])
-        as_sent = prompt_tokens(server, [story, {"role": "assistant", "content": sent}, asked])
-        assert abs(answer["usage"]["input_tokens"] - as_heard) <= 2 < as_sent - as_heard, (answer["usage"], as_heard)
+        try:
+            await client.update(**AUDIO, max_output_tokens=600,
+                                audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}})
+            await client.send("conversation.item.create", item=user_text("Tell me a long story."))
+            await client.send("response.create")
+            before = await client.until("response.output_audio.delta")
+            first_id = before[-1]["response_id"]
+            await client.stream(np.concatenate([speak("What is twelve plus thirty?", rate_wpm=140), silence(1.0)]))
+            events = before + await client.until("input_audio_buffer.committed")
+            started = of_type(events, "input_audio_buffer.speech_started")
+            done = next(e for e in events if e["type"] == "response.done" and e["response"]["id"] == first_id)
+            assert events.index(started[0]) < events.index(done)  # cancelled by the speech (not ended on its own)
+            assert done["response"]["status"] == "cancelled"
+            assert done["response"]["status_details"]["reason"] == "turn_detected"
+            after = events[events.index(done):]
+            assert not [e for e in after if e.get("response_id") == first_id and "delta" in e["type"]]
+            sent = transcript([e for e in events if e.get("response_id") == first_id])
+            item = done["response"]["output"][0]
+            assert item["content"][0]["transcript"] == sent  # the item holds what was sent...
+            (truncated,) = [e for e in events if e["type"] == "conversation.item.truncated"]
+            assert truncated["item_id"] == item["id"]  # ...cut at once to what was played by the barge-in
+            sent_ms = len(audio_bytes([e for e in events if e.get("response_id") == first_id])) / 48
+            assert 0 < truncated["audio_end_ms"] < sent_ms
+            await client.send("conversation.item.retrieve", item_id=item["id"])
+            got = await client.until("conversation.item.retrieved")
+            heard = got[-1]["item"]["content"][0]["transcript"]
+            assert len(heard) < len(sent) and sent.startswith(heard)
+            # the answer to the question asked over it (server VAD's create_response) reads the conversation as heard
+            # its first audio may come before the retrieve's answer (a loaded machine): wait only if it has not
+            if not [e for e in got if e["type"] == "response.output_audio.delta" and e["response_id"] != first_id]:
+                got += await client.until("response.output_audio.delta")
+            answer_id = next(e for e in reversed(got) if e["type"] == "response.output_audio.delta")["response_id"]
+            await client.send("response.cancel", response_id=answer_id)
+            answer = (await client.until("response.done"))[-1]["response"]
+            assert answer["id"] == answer_id and answer["status"] == "cancelled"
+            (question,) = of_type(events + got, "conversation.item.input_audio_transcription.completed")
+            story = {"role": "user", "content": "Tell me a long story."}
+            asked = {"role": "user", "content": question["transcript"]}
+            as_heard = prompt_tokens(server, [story, {"role": "assistant", "content": heard}, asked])
+            as_sent = prompt_tokens(server, [story, {"role": "assistant", "content": sent}, asked])
+            assert abs(answer["usage"]["input_tokens"] - as_heard) <= 2 < as_sent - as_heard, (answer["usage"], as_heard)
+        except BaseException:
+            print("events received:\n" + client.timeline())  # shown with the failure: what came, in order
+            raise
     await wait_for(lambda: server.all_kv_free)
 
 

@@ -29,6 +29,7 @@ import json
 import statistics
 import subprocess
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,10 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=24, help="answer length")
     p.add_argument("--spoken-sessions", default="1,8", help="concurrent sessions whose answers are spoken, timed to "
                    "the first audio byte against transcribe-chat-speak (rill.bench.voice_spoken; '' skips it)")
+    p.add_argument("--voices", default="espeak,kokoro", help="the voices of the spoken half, each on a server of its "
+                   "own: espeak (the default voice), kokoro (a random-weight Kokoro of --kokoro-shape, made once in "
+                   "the cache) or a Kokoro directory (default %(default)s)")
+    p.add_argument("--kokoro-shape", default="kokoro-82m", help="the random Kokoro's shape (default %(default)s)")
 
 
 # -- word times -----------------------------------------------------------------------------------------
@@ -267,43 +272,69 @@ def _ms(seconds: list[float]) -> dict:
 # -- the run --------------------------------------------------------------------------------------------
 
 
-async def _serve_and_measure(clips: list[Clip], ends: list[list[float]], args) -> dict:
+@asynccontextmanager
+async def _server(args, tts_model: str | None = "espeak"):
+    """`rill serve` of the bench's models in this process: yields its base URL."""
     import trio
 
     from rill.config import EngineConfig
     from rill.server import serve
-    from rill.tiny_speech.evaluate import normalize
     from rill.transports.http import ServerConfig
 
     config = EngineConfig(model=args.llm, dtype="float32", seed=args.seed)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(
-            config, ServerConfig(), "127.0.0.1", 0, 1.0, speech_model=args.speech_model, shutdown_trigger=stop.wait,
-            task_status=task_status))
-        base = binds[0]
-        url = base.replace("http://", "ws://") + "/v1/realtime"
+            config, ServerConfig(), "127.0.0.1", 0, 1.0, speech_model=args.speech_model, tts_model=tts_model,
+            shutdown_trigger=stop.wait, task_status=task_status))
         try:
-            out = {"vad": [], "manual": [], "baseline": []}
-            for clip, clip_ends in zip(progress(clips, desc="voice: one stream", disable=args.no_progress), ends):
-                turn, speech_end, start = await one_turn(url, clip, args, manual=False)
-                out["vad"].append({"text": clip.text, "transcript": turn.transcript, "answer": turn.answer,
-                                   "exact": normalize(turn.transcript) == normalize(clip.text),
-                                   "lags_s": word_lags(turn, start, clip_ends),
-                                   "first_token_s": (turn.first_token_s or float("nan")) - speech_end})
-                turn, speech_end, _ = await one_turn(url, clip, args, manual=True)
-                out["manual"].append({"first_token_s": (turn.first_token_s or float("nan")) - speech_end})
-                seconds, text = await baseline_turn(base, args.speech_model, args.llm, clip, args)
-                out["baseline"].append({"first_token_s": seconds, "transcript": text})
-            out["streams"] = []
-            for n in progress([int(s) for s in args.streams.split(",")], desc="voice: concurrent",
-                              disable=args.no_progress):
-                out["streams"].append(await concurrent_streams(url, clips, ends, n, args))
-            if args.spoken_sessions:
-                out["spoken"] = await voice_spoken.measure(base, url, clips, args)
-            return out
+            yield binds[0]
         finally:
             stop.set()
+
+
+def _voice_model(voice: str, args) -> str:
+    """--voices' entry as `serve`'s tts_model: espeak, the random Kokoro's directory, or a directory."""
+    if voice != "kokoro":
+        return voice
+    from rill.bench.speak import _kokoro_dir
+
+    return str(_kokoro_dir(args))
+
+
+async def _spoken(clips: list[Clip], args) -> dict:
+    """The spoken half once per voice, each on a server of its own (the voice is a server setting)."""
+    out = {}
+    for voice in [v for v in args.voices.split(",") if v]:
+        async with _server(args, _voice_model(voice, args)) as base:
+            out[voice] = await voice_spoken.measure(base, base.replace("http://", "ws://") + "/v1/realtime", clips,
+                                                    args)
+    return out
+
+
+async def _serve_and_measure(clips: list[Clip], ends: list[list[float]], args) -> dict:
+    from rill.tiny_speech.evaluate import normalize
+
+    async with _server(args) as base:
+        url = base.replace("http://", "ws://") + "/v1/realtime"
+        out = {"vad": [], "manual": [], "baseline": []}
+        for clip, clip_ends in zip(progress(clips, desc="voice: one stream", disable=args.no_progress), ends):
+            turn, speech_end, start = await one_turn(url, clip, args, manual=False)
+            out["vad"].append({"text": clip.text, "transcript": turn.transcript, "answer": turn.answer,
+                               "exact": normalize(turn.transcript) == normalize(clip.text),
+                               "lags_s": word_lags(turn, start, clip_ends),
+                               "first_token_s": (turn.first_token_s or float("nan")) - speech_end})
+            turn, speech_end, _ = await one_turn(url, clip, args, manual=True)
+            out["manual"].append({"first_token_s": (turn.first_token_s or float("nan")) - speech_end})
+            seconds, text = await baseline_turn(base, args.speech_model, args.llm, clip, args)
+            out["baseline"].append({"first_token_s": seconds, "transcript": text})
+        out["streams"] = []
+        for n in progress([int(s) for s in args.streams.split(",")], desc="voice: concurrent",
+                          disable=args.no_progress):
+            out["streams"].append(await concurrent_streams(url, clips, ends, n, args))
+    if args.spoken_sessions:
+        out["spoken"] = await _spoken(clips, args)
+    return out
 
 
 def run(args) -> dict:
@@ -330,7 +361,8 @@ def _result(m: dict, clips: list[Clip], args) -> dict:
     p50 = lambda xs: percentile([x for x in xs if x == x], 50) * 1000 if any(x == x for x in xs) else None  # noqa: E731
     return {
         "config": {"llm": args.llm, "speech_model": str(args.speech_model), "n": len(clips), "silence_ms": args.silence_ms,
-                   "chunk_ms": CHUNK_S * 1000, "streams": args.streams, "keep_up_ms": args.keep_up_ms},
+                   "chunk_ms": CHUNK_S * 1000, "streams": args.streams, "keep_up_ms": args.keep_up_ms,
+                   "voices": args.voices, "kokoro_shape": args.kokoro_shape},
         "exact_transcripts": sum(t["exact"] for t in m["vad"]) / len(m["vad"]),
         "transcript_lag_ms": _ms(lags),
         "first_token_ms": {"server_vad": p50(vad_first), "server_vad_less_silence": (p50(vad_first) or 0) - 1000 * silence_s,
@@ -359,8 +391,8 @@ def summary(result: dict) -> str:
         lines.append(f"  {s['streams']} streams: lag p50 {fmt(s['lag_ms'].get('p50'))} p95 {fmt(s['lag_ms'].get('p95'))}, "
                      f"final transcript after the VAD's end p95 {fmt(s['final_after_vad_end_ms'].get('p95'))}: "
                      f"{'keeps up' if s['keeps_up'] else 'falls behind'}")
-    if result.get("spoken_answer"):
-        lines += voice_spoken.summary_lines(result["spoken_answer"])
+    for voice, spoken in (result.get("spoken_answer") or {}).items():
+        lines += voice_spoken.summary_lines(spoken, voice)
     return "\n".join(lines)
 
 
@@ -381,6 +413,27 @@ def plot(result: dict, path) -> None:
         axes[1].set_xlabel("concurrent real-time streams")
         axes[1].set_ylabel("transcript lag, ms")
         axes[1].legend(fontsize=8)
+        if spoken:
+            _plot_spoken(axes[2], spoken)
 
-    save_plot(Path(path), draw, ncols=2, title=f"rill bench voice: {Path(result['config']['speech_model']).name} + "
+    spoken = result.get("spoken_answer") or {}
+    save_plot(Path(path), draw, ncols=3 if spoken else 2, title=f"rill bench voice: {Path(result['config']['speech_model']).name} + "
               f"{result['config']['llm']}")
+
+
+def _plot_spoken(ax, spoken: dict) -> None:
+    """End of speech to the first spoken byte (p50) per voice: push-to-talk, server VAD sessions, the cascade."""
+    voices = list(spoken)
+    rows = [("push-to-talk", lambda s: s["manual_commit"].get("p50"))]
+    rows += [(f"VAD x{n['sessions']}", lambda s, k=k: s["sessions"][k].get("p50"))
+             for k, n in enumerate(spoken[voices[0]]["sessions"])]
+    rows.append(("cascade", lambda s: s["cascade"].get("p50")))
+    width = 0.8 / len(rows)
+    for k, (label, get) in enumerate(rows):
+        values = [get(spoken[v]) or 0 for v in voices]
+        bars = ax.bar([i + k * width for i in range(len(voices))], values, width, label=label)
+        ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=7)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(voices))], voices)
+    ax.axhline(300, color="grey", linestyle=":", label="300 ms")
+    ax.set_ylabel("end of speech -> first spoken byte, ms (p50)")
+    ax.legend(fontsize=7)

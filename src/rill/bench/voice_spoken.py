@@ -1,6 +1,6 @@
 """`rill bench voice`'s spoken half (issue 51): end of the user's speech to the first byte of the spoken
-answer, over /v1/realtime with `output_modalities: ["audio"]` and the server's voice (espeak-ng, the default),
-at 1 and 8 concurrent sessions; against the cascade a user would build from rill's own endpoints: the whole
+answer, over /v1/realtime with `output_modalities: ["audio"]` and the server's voice (espeak-ng, the default,
+and a random-weight Kokoro-82M: `--voices`, each on a server of its own), at 1 and 8 concurrent sessions; against the cascade a user would build from rill's own endpoints: the whole
 recording to /v1/audio/transcriptions, its text to /v1/chat/completions (the whole answer), then the answer
 to /v1/audio/speech (streamed PCM), timed from the same moment to the first audio byte.
 
@@ -105,11 +105,11 @@ async def measure(base: str, url: str, clips: list[Clip], args) -> dict:
     return out
 
 
-def summary_lines(spoken: dict) -> list[str]:
+def summary_lines(spoken: dict, voice: str) -> list[str]:
     fmt = lambda v: "n/a" if v is None else f"{v:.0f} ms"  # noqa: E731
     cascade = spoken["cascade"].get("p50")
     manual = spoken["manual_commit"].get("p50")
-    lines = [f"  end of speech -> first byte of the spoken answer: cascade (transcribe, chat, /v1/audio/speech) p50 "
+    lines = [f"  {voice}: end of speech -> first byte of the spoken answer: cascade (transcribe, chat, /v1/audio/speech) p50 "
              f"{fmt(cascade)}; manual commit p50 {fmt(manual)}"
              + (f", {manual / cascade:.2f} of the cascade (target <= 0.2, p50 <= 300 ms)" if manual and cascade else "")]
     for s in spoken["sessions"]:
