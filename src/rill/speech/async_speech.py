@@ -28,7 +28,8 @@ import numpy as np
 import trio
 
 from rill.engine.outbox import Outbox
-from rill.errors import EngineDeadError, ModelLoadError, RillError
+from rill.errors import EngineDeadError, ModelLoadError, RillError, ValidationError
+from rill.speech.causal import EndLive, FeedLive, OpenLive
 from rill.speech.core import SpeechCore
 from rill.speech.decoding import SpeechDelta, TranscribeParams
 from rill.speech.whisper import RILL_TINY_SPEECH, speech_model_path
@@ -126,6 +127,16 @@ class AsyncSpeechEngine:
         finally:
             self.abort(request_id)
 
+    def open_live(self, input_rate: int = 16_000, request_id: str | None = None):
+        """A live stream of a causal model (rill.speech.causal): feed it audio as it comes, read its deltas.
+        Close it (or leave its `with` block) to free it in the worker."""
+        from rill.speech.live_handle import LiveHandle
+
+        request_id = request_id or self.new_request_id()
+        recv = self._open_stream(request_id)
+        self._send(OpenLive(request_id, input_rate))
+        return LiveHandle(self, request_id, recv)
+
     def _open_stream(self, request_id: str) -> trio.MemoryReceiveChannel:
         if self.dead is not None:
             raise EngineDeadError(f"the speech engine is dead: {self.dead!r}")
@@ -205,13 +216,30 @@ class AsyncSpeechEngine:
                 return False
             self._apply(msg)
 
-    def _apply(self, msg: AddSpeech | AbortSpeech) -> None:
+    def _apply(self, msg: AddSpeech | AbortSpeech | OpenLive | FeedLive | EndLive) -> None:
+        if isinstance(msg, (OpenLive, FeedLive, EndLive)):
+            self._apply_live(msg)
+            return
         if isinstance(msg, AbortSpeech):
             self.core.abort(msg.request_id)
             return
         try:
             self.core.add_request(msg.request_id, msg.audio, msg.params)
         except RillError as exc:  # a bad request fails alone (the core kept nothing of it); the engine goes on
+            self._post([RequestRejected(msg.request_id, exc)])
+
+    def _apply_live(self, msg: OpenLive | FeedLive | EndLive) -> None:
+        live = getattr(self.core, "live", None)
+        try:
+            if live is None:
+                raise ValidationError(f"{self.model_name} is not a streaming (causal) speech model", param="model")
+            if isinstance(msg, OpenLive):
+                live.open(msg.request_id, msg.input_rate)
+            elif isinstance(msg, FeedLive):
+                live.feed(msg.request_id, msg.pcm)
+            else:
+                live.end(msg.request_id)
+        except RillError as exc:  # the stream fails alone; the engine goes on
             self._post([RequestRejected(msg.request_id, exc)])
 
     def shutdown(self) -> None:

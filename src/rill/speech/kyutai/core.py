@@ -7,6 +7,9 @@ up a short one for more than a chunk; the last step appends the model's delay in
 the Transcription. Segments are `segment_s` spans of audio with the text the stream wrote while
 hearing them (the text lags its audio by the model's delay; the last segment takes the tail).
 
+Live streams (realtime sessions) are the core's `live` (rill.speech.causal.LiveStreams): each worker step
+advances every live stream together in batched passes, after the file requests' chunks.
+
 Greedy decoding only, no prompt or prefix, no translation: the model has no such inputs, and a request
 asking for them is refused (400) rather than silently answered otherwise.
 """
@@ -20,7 +23,9 @@ import numpy as np
 import torch
 
 from rill.errors import ValidationError
+from rill.speech.causal import CausalInfo, LiveStreams
 from rill.speech.decoding import Segment, SpeechDelta, TranscribeParams, Transcription
+from rill.speech.kyutai.batch import KyutaiCausal
 from rill.speech.kyutai.loader import KyutaiRuntime, load_kyutai
 from rill.speech.kyutai.stream import KyutaiStream
 
@@ -57,6 +62,20 @@ class KyutaiCore:
         self.chunk_samples = int(chunk_s * INPUT_RATE)
         self.segment_samples = int(segment_s * INPUT_RATE)
         self.requests: dict[str, KyutaiRequest] = {}
+        self.live = LiveStreams(KyutaiCausal(runtime))
+
+    @property
+    def causal_info(self) -> CausalInfo:
+        return self.live.model.info
+
+    def check_live(self, language: str | None, prompt: str | None) -> None:
+        """A realtime session's transcription settings: raises ValidationError for what the model cannot do."""
+        if prompt:
+            raise ValidationError("this model takes no prompt", param="prompt")
+        languages = self.causal_info.languages
+        if language is not None and language not in languages:
+            raise ValidationError(f"language {language!r} is not one this model transcribes "
+                                  f"({', '.join(languages)})", param="language")
 
     def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams) -> None:
         """Queue 16 kHz mono float32 audio; raises ValidationError (and keeps nothing) if it cannot run."""
@@ -70,22 +89,23 @@ class KyutaiCore:
         self.requests[request_id] = KyutaiRequest(request_id, audio, params.language or "en", stream)
 
     def abort(self, request_id: str) -> None:
-        """Forget a request at once (its stream's caches go with it). Unknown ids are ignored."""
+        """Forget a request or a live stream at once (its caches go with it). Unknown ids are ignored."""
         self.requests.pop(request_id, None)
+        self.live.abort(request_id)
 
     def has_work(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or self.live.has_work()
 
     @property
     def num_decoding(self) -> int:
         return len(self.requests)
 
-    def step(self) -> list[SpeechDelta]:
+    def step(self) -> list:
         deltas = [self._advance(request) for request in list(self.requests.values())]
         for delta in deltas:
             if delta.finished is not None:
                 del self.requests[delta.request_id]
-        return deltas
+        return deltas + self.live.step()
 
     def _advance(self, request: KyutaiRequest) -> SpeechDelta:
         end = min(request.num_fed + self.chunk_samples, request.audio.size)
