@@ -122,7 +122,7 @@ class AudioTower(nn.Module):
             x = torch.cat([state.waiting, x], dim=1)
         whole = x.shape[1] - x.shape[1] % self.factor
         state.waiting = x[:, whole:]
-        return x[:, :whole].reshape(x.shape[0], whole // self.factor, -1)
+        return x[:, :whole].reshape(x.shape[0], whole // self.factor, self.factor * x.shape[2])
 
 
 class Projector(nn.Module):
