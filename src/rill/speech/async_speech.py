@@ -248,13 +248,19 @@ class AsyncSpeechEngine:
 
 def speech_core(directory: Path, **core_kwargs):
     """The core for the directory's kind, read from config.json's model_type: Kyutai STT streams
-    (rill.speech.kyutai), anything else is a Whisper directory. Both offer SpeechCore's interface."""
+    (rill.speech.kyutai), Voxtral Realtime streams (rill.speech.voxtral_realtime), anything else is a
+    Whisper directory. All offer SpeechCore's interface."""
     from rill.speech.kyutai.loader import is_kyutai_dir
+    from rill.speech.voxtral_realtime.loader import is_voxtral_realtime_dir
 
     if is_kyutai_dir(directory):
         from rill.speech.kyutai.core import KyutaiCore
 
         return KyutaiCore(str(directory), **core_kwargs)
+    if is_voxtral_realtime_dir(directory):
+        from rill.speech.voxtral_realtime.core import VoxtralCore
+
+        return VoxtralCore(str(directory), **core_kwargs)
     return SpeechCore(str(directory), **core_kwargs)
 
 
@@ -263,7 +269,8 @@ async def open_speech_engine(path: str | Path = RILL_TINY_SPEECH, *, model_name:
                              **core_kwargs) -> AsyncIterator[AsyncSpeechEngine]:
     """Load the model (in a thread), run the speech worker thread for the block's duration.
 
-    `path` is "rill-tiny-speech" or a local Whisper or Kyutai STT directory; `model_name` is the name clients use
+    `path` is "rill-tiny-speech" or a local Whisper, Kyutai STT or Voxtral Realtime directory; `model_name` is the
+    name clients use
     (default: `path` as given)."""
     directory = resolve_speech_model(path)
     if not directory.is_dir():

@@ -1,0 +1,72 @@
+"""VoxtralCore: whole recordings (/v1/audio/transcriptions) through Voxtral Realtime streams, with
+SpeechCore's interface (add_request / abort / has_work / step), so rill's speech worker drives it.
+
+The file path is Kyutai's (rill.speech.kyutai.core): each request is a VoxtralStream fed from the uploaded
+16 kHz samples (Voxtral's own rate: no resampling), `chunk_s` of audio per request per step in arrival
+order, and segments are `segment_s` spans of audio with the text written while they were heard. Only the
+stream differs, so the chunking and segmenting are inherited.
+
+No live streams yet (realtime sessions are a later piece of issue 56): this core has no `live`, so the
+speech worker refuses live streams for it. Greedy decoding only, no prompt or prefix, no translation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rill.errors import ValidationError
+from rill.speech.decoding import TranscribeParams
+from rill.speech.kyutai.core import INPUT_RATE, KyutaiCore, KyutaiRequest, _validate
+from rill.speech.voxtral_realtime.loader import VoxtralRuntime, load_voxtral_realtime
+from rill.speech.voxtral_realtime.stream import VoxtralStream
+
+
+class VoxtralCore(KyutaiCore):
+    """Synchronous; owned by the speech worker thread. `delay_ms`: the transcription delay of every
+    request (default: the model's, tekken.json's `transcription_delay_ms`)."""
+
+    def __init__(self, path_or_runtime: str | Path | VoxtralRuntime, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None, chunk_s: float = 2.0, segment_s: float = 10.0,
+                 delay_ms: float | None = None, **_ignored):
+        runtime = path_or_runtime
+        if not isinstance(runtime, VoxtralRuntime):
+            runtime = load_voxtral_realtime(runtime, device, dtype or torch.float32)
+        if runtime.sampling_rate != INPUT_RATE:
+            raise ValueError(f"{runtime.name}: the model hears at {runtime.sampling_rate} Hz, uploads come at "
+                             f"{INPUT_RATE} Hz")
+        runtime.audio.num_delay_tokens(delay_ms)  # a bad delay fails at load, not at the first request
+        self.runtime = runtime
+        self.model_name = runtime.name
+        self.delay_ms = delay_ms
+        self.chunk_samples = int(chunk_s * INPUT_RATE)
+        self.segment_samples = int(segment_s * INPUT_RATE)
+        self.requests: dict[str, KyutaiRequest] = {}
+
+    def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams) -> None:
+        """Queue 16 kHz mono float32 audio; raises ValidationError (and keeps nothing) if it cannot run."""
+        if request_id in self.requests:
+            raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
+        _validate(params)
+        audio = np.asarray(audio, dtype=np.float32)
+        if audio.ndim != 1:
+            raise ValidationError(f"audio must be 1-D mono samples, got shape {audio.shape}", param="file")
+        stream = VoxtralStream(self.runtime, INPUT_RATE, delay_ms=self.delay_ms)
+        # The model is told no language; the one asked for (if any) is reported back, as Kyutai's core does.
+        self.requests[request_id] = KyutaiRequest(request_id, audio, params.language or "en", stream)
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request at once (its caches go with it). Unknown ids are ignored."""
+        self.requests.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list:
+        deltas = [self._advance(request) for request in list(self.requests.values())]
+        for delta in deltas:
+            if delta.finished is not None:
+                del self.requests[delta.request_id]
+        return deltas
