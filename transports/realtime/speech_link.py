@@ -1,5 +1,7 @@
 """The realtime connection's recogniser on the real speech worker: a LiveTranscriber (rill.speech.live)
-running in the connection's nursery, whose events join the connection's inbox in order.
+running in the connection's nursery, whose events join the connection's inbox in order. A causal
+model (a speech core with live streams: Kyutai STT) gets a CausalLiveTranscriber instead
+(rill.speech.causal_live), with the same calls and events and no re-decoding passes.
 
 `configure` replaces the recogniser (turn detection or transcription settings changed): audio the
 old one had not finished with is dropped, as a cleared buffer. `wait_for_room` is what the client
@@ -19,6 +21,7 @@ import trio
 
 from rill.errors import RillError
 from rill.speech.decoding import TranscribeParams, validate_params
+from rill.speech.causal_live import CausalLiveTranscriber
 from rill.speech.live import LiveConfig, LiveTranscriber
 
 
@@ -36,25 +39,34 @@ class LiveSpeechLink:
         self.speech = speech  # AsyncSpeechEngine
         self.model_name = speech.model_name
         self._nursery, self._inbox = nursery, inbox
-        self._live: LiveTranscriber | None = None
+        self._live: LiveTranscriber | CausalLiveTranscriber | None = None
         self._scope: trio.CancelScope | None = None
         self._changed = trio.Event()
         self.turn_end = None  # TurnEndScorer | None
 
     @property
-    def live(self) -> LiveTranscriber | None:
+    def live(self) -> LiveTranscriber | CausalLiveTranscriber | None:
         return self._live
+
+    @property
+    def is_causal(self) -> bool:
+        """A causal model: its core runs live streams (rill.speech.causal)."""
+        return getattr(self.speech.core, "live", None) is not None
 
     def configure(self, config: LiveConfig) -> None:
         """Raises ValidationError (and changes nothing) for a language or prompt the model cannot take."""
-        validate_params(self.speech.core.runtime.generation, TranscribeParams(language=config.language,
-                                                                              prompt=config.prompt))
+        if self.is_causal:
+            self.speech.core.check_live(config.language, config.prompt)
+        else:
+            validate_params(self.speech.core.runtime.generation, TranscribeParams(language=config.language,
+                                                                                  prompt=config.prompt))
         if self._scope is not None:
             self._scope.cancel()
             self._live.failed = True  # wakes a reader held by wait_for_room on the old recogniser
             self._live._signal_progress()
         send, recv = trio.open_memory_channel(math.inf)  # bounded by the passes and turns of one stream
-        self._live = LiveTranscriber(self.speech, config, send.send_nowait, turn_end=self._turn_end)
+        kind = CausalLiveTranscriber if self.is_causal else LiveTranscriber
+        self._live = kind(self.speech, config, send.send_nowait, turn_end=self._turn_end)
         self._scope = trio.CancelScope()
         self._nursery.start_soon(self._run, self._live, self._scope, send, recv)
         self._changed.set()
@@ -63,7 +75,7 @@ class LiveSpeechLink:
     async def _turn_end(self, text: str) -> float | None:
         return await self.turn_end(text) if self.turn_end is not None else None
 
-    async def _run(self, live: LiveTranscriber, scope: trio.CancelScope, send, recv) -> None:
+    async def _run(self, live: LiveTranscriber | CausalLiveTranscriber, scope: trio.CancelScope, send, recv) -> None:
         with scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(live.run)

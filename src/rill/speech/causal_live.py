@@ -1,0 +1,307 @@
+"""Live recognition with a causal speech model: LiveTranscriber's interface and events, no re-decoding.
+
+    live = CausalLiveTranscriber(speech_engine, LiveConfig(turn_detection=TurnDetection()), emit)
+    nursery.start_soon(live.run)
+    live.feed(samples_16k); live.commit(); live.clear()      # non-blocking, in order
+    await live.wait_for_room()                                # back-pressure for the audio's source
+
+The audio goes at once into one live stream of the speech worker (rill.speech.causal), which writes
+each word once, the model's delay after it was spoken; `TranscriptDelta` carries whole words (a word
+is whole at the next pad or the next word's start), so the chat prompt gets words as typed text does.
+
+Turns:
+- A commit ends the stream: the worker flushes the model's delay with silence (as a whole recording
+  is padded), the turn's transcript is complete at the stream's last step, and the next audio opens a
+  new stream. A turn's transcript is thus the whole-recording transcript of its audio.
+- server_vad: the detector's end of speech at t ends the turn at the step that hears t + the model's
+  delay (plus a frame); the stream goes on. If the client's audio does not reach that far within the
+  delay (plus FILL_AFTER_S), the missing part is fed as silence (the speaker was silent already).
+- semantic_vad: at a pause, once the words up to it are out (the same step rule), the chat model is
+  asked whether they end the turn (rill.speech.semantic_vad), as LiveTranscriber does.
+Nothing here runs a model on the trio thread: the VAD runs in `trio.to_thread`, the model in the worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import trio
+
+from rill.errors import RillError
+from rill.speech.live import (LiveConfig, LiveEvent, SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta,
+                              TranscriptDone)
+from rill.speech.semantic_vad import CHECK_PAUSE_MS, TurnEndScorer, ends_turn
+from rill.speech.vad import SAMPLE_RATE, Activity, VadEvent, VoiceActivity
+
+MARGIN_FRAMES = 1  # a turn ends one frame after the step that hears its end plus the delay
+FILL_AFTER_S = 0.3  # past the model's delay: how long a turn's end waits for the client's own audio
+
+
+@dataclass(frozen=True)
+class _Mark:
+    kind: str  # "commit" | "clear"
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    step: int  # the turn's words are in once the stream has run past this step
+    check: bool  # semantic_vad's question (True) or the detector's end of the turn
+    pause: int = 0  # semantic_vad: which pause (a later onset makes the question moot)
+    speech_end: int = 0
+
+
+@dataclass
+class _Live:
+    """One stream of the worker and where its turns end."""
+
+    handle: object  # LiveHandle
+    start: int  # stream index (16 kHz) of its first sample
+    num_fed: int = 0  # samples fed, inserted silence included
+    num_inserted: int = 0  # silence fed at turn ends
+    num_steps: int = 0  # the worker's steps of it read so far
+    boundaries: deque[_Boundary] = field(default_factory=deque)
+    final: bool | None = None  # set by the commit that ended it
+
+
+class CausalLiveTranscriber:
+    """One live stream's recogniser over a causal model; `run` it in a nursery, feed it from trio."""
+
+    def __init__(self, speech, config: LiveConfig, emit: Callable[[LiveEvent], None],
+                 turn_end: TurnEndScorer | None = None):
+        self.speech = speech  # AsyncSpeechEngine over a core with `live` streams
+        self.config = config
+        self.info = speech.core.causal_info
+        self._emit, self._turn_end = emit, turn_end
+        turn = config.turn_detection
+        pause_ms = min(config.pause_ms, CHECK_PAUSE_MS) if turn is not None and turn.is_semantic else config.pause_ms
+        self._vad = VoiceActivity(turn, pause_ms) if turn is not None else None
+        self._incoming: deque[np.ndarray | _Mark] = deque()
+        self._ready, self._progress = trio.Event(), trio.Event()
+        self._send_live, self._recv_live = trio.open_memory_channel(math.inf)  # streams, read in order
+        self._live: _Live | None = None  # the stream audio goes to now
+        self._reading: _Live | None = None  # the stream whose deltas are read now
+        self._nursery: trio.Nursery | None = None  # run()'s
+        self._in_turn = False
+        self._num_pauses = 0
+        self._words: list[str] = []  # the turn's words emitted
+        self._held = ""  # the word being written
+        self._turn_start = 0
+        self.num_samples = 0  # fed by the client
+        self.num_streams = 0
+        self.failed = False
+
+    # -- trio side: non-blocking input ------------------------------------------------------------------
+
+    @property
+    def backlog_s(self) -> float:
+        """Audio taken but not yet heard by the model (queued here or in the worker)."""
+        queued = sum(len(x) for x in self._incoming if not isinstance(x, _Mark)) / SAMPLE_RATE
+        lives = {id(live): live for live in (self._reading, self._live) if live is not None}
+        return queued + sum(max(0.0, live.num_fed / SAMPLE_RATE - self._heard_s(live)) for live in lives.values())
+
+    def feed(self, samples: np.ndarray) -> None:
+        samples = np.asarray(samples, dtype=np.float32)
+        self.num_samples += len(samples)
+        self._push(samples)
+
+    def commit(self, final: bool = False) -> None:
+        self._push(_Mark("commit", final))
+
+    def clear(self) -> None:
+        self._push(_Mark("clear"))
+
+    async def wait_for_room(self) -> None:
+        while self.backlog_s > self.config.max_backlog_s and not self.failed:
+            await self._progress.wait()
+
+    def _push(self, item) -> None:
+        self._incoming.append(item)
+        self._ready.set()
+
+    def _signal_progress(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    # -- tasks ----------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._input_loop)
+                await self._read_loop()
+                nursery.cancel_scope.cancel()
+        finally:
+            for live in (self._live, self._reading):
+                if live is not None:
+                    live.handle.close()  # the worker frees the stream
+            self._drain_queued()
+
+    def _drain_queued(self) -> None:
+        while True:
+            try:
+                self._recv_live.receive_nowait().handle.close()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+
+    async def _input_loop(self) -> None:
+        while not self.failed:
+            await self._ready.wait()
+            self._ready = trio.Event()
+            while self._incoming:
+                item = self._incoming.popleft()
+                if isinstance(item, _Mark):
+                    self._mark(item)
+                else:
+                    self._to_stream(item)
+                    if self._vad is not None:
+                        events = await trio.to_thread.run_sync(self._vad.feed, item)
+                        for event in events:
+                            self._on_activity(event)
+                self._signal_progress()
+
+    def _to_stream(self, samples: np.ndarray) -> None:
+        if self._live is None:
+            start = self._vad.num_samples if self._vad is not None else 0
+            self._live = _Live(self.speech.open_live(SAMPLE_RATE), start)
+            self.num_streams += 1
+            self._send_live.send_nowait(self._live)
+        self._live.handle.feed(samples)
+        self._live.num_fed += len(samples)
+
+    def _mark(self, mark: _Mark) -> None:
+        if mark.kind == "clear":
+            for live in (self._live, self._reading):
+                if live is not None:
+                    live.handle.close()
+            self._drain_queued()
+            self._live = None
+            self._words, self._held = [], ""
+            return
+        if self._live is None:  # nothing heard since the last commit: an empty turn
+            self._live = _Live(self.speech.open_live(SAMPLE_RATE), 0)
+            self._send_live.send_nowait(self._live)
+        self._live.final = mark.final
+        self._live.handle.end()
+        self._live = None
+
+    # -- the detector's events ------------------------------------------------------------------------
+
+    def _on_activity(self, event: VadEvent) -> None:
+        if event.kind in (Activity.SPEECH_STARTED, Activity.RESUMED):
+            self._num_pauses += 1  # a question about an earlier pause is moot now
+            if not self._in_turn:
+                self._in_turn = True
+                self._emit(SpeechStarted(event.at_sample * 1000 // SAMPLE_RATE))
+        elif event.kind is Activity.PAUSED and self._in_turn and self.config.turn_detection.is_semantic:
+            self._add_boundary(event.at_sample, check=True)
+        elif event.kind is Activity.SPEECH_STOPPED and self._in_turn:
+            self._in_turn = False
+            self._emit(SpeechStopped(event.at_sample * 1000 // SAMPLE_RATE))
+            self._add_boundary(event.at_sample, check=False)
+
+    def _add_boundary(self, at_sample: int, check: bool) -> None:
+        live = self._live
+        if live is None:
+            return
+        info = self.info
+        heard_at = (at_sample - live.start + live.num_inserted) / SAMPLE_RATE
+        step = math.ceil((heard_at + info.prefix_s + info.delay_s) / info.frame_s) + MARGIN_FRAMES
+        live.boundaries.append(_Boundary(step, check, self._num_pauses, at_sample))
+        if not check:
+            needed = math.ceil(((step + 1) * info.frame_s - info.prefix_s) * SAMPLE_RATE)
+            self._nursery.start_soon(self._fill_silence, live, needed)
+
+    async def _fill_silence(self, live: _Live, needed: int) -> None:
+        """The turn must end even if the client stops sending after it: audio still missing once the
+        model's delay has passed in wall time is fed as silence (a streaming client's own audio, when it
+        comes in time, keeps the stream exactly what it heard)."""
+        await trio.sleep(self.info.delay_s + FILL_AFTER_S)
+        missing = needed - live.num_fed
+        if missing > 0 and live is self._live:
+            live.handle.feed(np.zeros(missing, np.float32))
+            live.num_fed += missing
+            live.num_inserted += missing
+
+    # -- the model's words ----------------------------------------------------------------------------
+
+    def _heard_s(self, live: _Live) -> float:
+        return max(0.0, live.num_steps * self.info.frame_s - self.info.prefix_s)
+
+    async def _read_loop(self) -> None:
+        async for live in self._recv_live:
+            self._reading = live
+            try:
+                await self._read(live)
+            except RillError as exc:  # the speech engine died or refused: one event, then nothing more
+                self.failed = True
+                self._emit(SpeechFailed(str(exc)))
+                self._signal_progress()
+                return
+            finally:
+                live.handle.close()
+                self._reading = None
+
+    async def _read(self, live: _Live) -> None:
+        try:
+            async for delta in live.handle:
+                first = delta.num_steps - len(delta.token_ids)
+                for i, piece in enumerate(delta.pieces):
+                    await self._reach(live, first + i)
+                    self._write(piece, delta.token_ids[i] if i < len(delta.token_ids) else None)
+                live.num_steps = delta.num_steps
+                await self._reach(live, delta.num_steps)
+                if delta.finished is not None and live.final is not None:
+                    self._close_turn(by_commit=True, final=live.final)
+                self._signal_progress()
+        except trio.ClosedResourceError:
+            return  # cleared: its words are dropped
+
+    async def _reach(self, live: _Live, step: int) -> None:
+        """The stream has run every step before `step`: the boundaries behind it take effect."""
+        while live.boundaries and live.boundaries[0].step < step:
+            boundary = live.boundaries.popleft()
+            if not boundary.check:
+                self._close_turn(by_commit=False, final=False)
+            elif await self._turn_ends(boundary):
+                self._in_turn = False
+                self._emit(SpeechStopped(boundary.speech_end * 1000 // SAMPLE_RATE))
+                self._close_turn(by_commit=False, final=False)
+
+    async def _turn_ends(self, boundary: _Boundary) -> bool:
+        """semantic_vad: the words up to the pause are out; do they end the turn (and is it still paused)?"""
+        text = " ".join("".join(self._words + [self._held]).split())
+        if not text or self._turn_end is None or not self._paused(boundary):
+            return False
+        probability = await self._turn_end(text)
+        return self._paused(boundary) and ends_turn(self.config.turn_detection.eagerness, probability)
+
+    def _paused(self, boundary: _Boundary) -> bool:
+        return self._in_turn and boundary.pause == self._num_pauses
+
+    def _write(self, piece: str, token_id: int | None) -> None:
+        """A word is whole at a pad (no text) or at the next word's start (a leading space)."""
+        if not piece or piece[:1].isspace():
+            self._release()
+        self._held += piece
+
+    def _release(self) -> None:
+        word, self._held = self._held, ""
+        if not self._words:
+            word = word.lstrip()
+        if word:
+            self._words.append(word)
+            self._emit(TranscriptDelta(word))
+
+    def _close_turn(self, by_commit: bool, final: bool) -> None:
+        self._release()
+        text = "".join(self._words).strip()
+        end = self._vad.num_samples if self._vad is not None else self.num_samples
+        audio_s = max(0, end - self._turn_start) / SAMPLE_RATE
+        self._words, self._turn_start = [], end
+        self._emit(TranscriptDone(text, audio_s, final, by_commit))
