@@ -7,8 +7,8 @@ deterministic), never with words."""
 from __future__ import annotations
 
 import json
-import time
 
+import httpx
 import numpy as np
 import pytest
 import trio
@@ -201,3 +201,27 @@ async def test_turn_detection_on_the_causal_stream(llm_dir, kyutai_dir, runtime,
     assert of_type(turn, COMPLETED)[0]["transcript"] == "".join(e["delta"] for e in of_type(turn, DELTA))
     heard = "".join(e["delta"] for e in of_type(turn + rest, DELTA))
     assert "".join(words(heard)) == "".join(words(offline(runtime, audio)))  # turns may cut a word
+
+
+async def test_mode_b_audio_chunks_put_the_streamed_words_in_the_prompt(llm_dir, kyutai_dir, runtime):
+    """Mode B with spoken chunks: the causal stream's words join the prompt (read back with echo)."""
+    audio = synthetic_audio(3.0, seed=25, rate=RATE)
+    sessions = "/v1/streaming_input/sessions"
+    async with voice_server(llm_dir, kyutai_dir) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        body = {"prompt": "Q:", "max_tokens": 2, "temperature": 0, "echo": True,
+                "streaming_input": {"api": "completions"}}
+        session_id = (await client.post(sessions, json=body)).json()["session_id"]
+        step = int(CHUNK_S * RATE)
+        for seq, i in enumerate(range(0, len(audio), step)):
+            chunk = {"sequence_id": seq, "modality": "audio", "payload": pcm16_b64(audio[i:i + step]),
+                     "sample_rate": RATE}
+            assert (await client.post(f"{sessions}/{session_id}/chunks", json=chunk)).status_code == 202
+        assert (await client.post(f"{sessions}/{session_id}/finish")).status_code == 202
+        with trio.fail_after(60):
+            while (result := await client.get(f"{sessions}/{session_id}/result")).status_code == 202:
+                await trio.sleep(0.1)
+        assert result.status_code == 200, result.text
+        await wait_for(lambda: server.speech.core.live.num_live == 0 and server.speech.num_requests == 0)
+    text, expected = result.json()["choices"][0]["text"], "Q: " + offline(runtime, audio).strip()
+    assert text.startswith(expected), (text, expected)

@@ -21,7 +21,7 @@ import trio
 
 from rill.errors import RillError
 from rill.speech.decoding import TranscribeParams, validate_params
-from rill.speech.causal_live import CausalLiveTranscriber
+from rill.speech.causal_live import CausalLiveTranscriber, live_transcriber
 from rill.speech.live import LiveConfig, LiveTranscriber
 
 
@@ -65,8 +65,7 @@ class LiveSpeechLink:
             self._live.failed = True  # wakes a reader held by wait_for_room on the old recogniser
             self._live._signal_progress()
         send, recv = trio.open_memory_channel(math.inf)  # bounded by the passes and turns of one stream
-        kind = CausalLiveTranscriber if self.is_causal else LiveTranscriber
-        self._live = kind(self.speech, config, send.send_nowait, turn_end=self._turn_end)
+        self._live = live_transcriber(self.speech, config, send.send_nowait, turn_end=self._turn_end)
         self._scope = trio.CancelScope()
         self._nursery.start_soon(self._run, self._live, self._scope, send, recv)
         self._changed.set()

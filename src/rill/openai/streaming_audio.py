@@ -1,7 +1,8 @@
 """Spoken chunks in Mode A and Mode B: `{"modality": "audio", "payload": base64 PCM16, "sample_rate": N}`
 transcribed as they arrive by the served speech model, the words fed to the prompt like text chunks.
 
-One LiveTranscriber (rill.speech.live) per run, started with its first audio chunk:
+One LiveTranscriber (rill.speech.live, or a causal model's: rill.speech.causal_live) per run, started
+with its first audio chunk:
 - `respond_at_end` (default): no turn detection; final words are appended to the prompt as they are
   recognised (prefilled while the audio still arrives). End of input commits the audio, and the
   answer starts once the last words are in (its final pass is the only wait).
@@ -24,7 +25,8 @@ import trio
 from rill.sessions.chunks import InputChunk, Modality
 from rill.sessions.errors import SessionError, UnsupportedModality
 from rill.speech.audio import AudioError, pcm16_to_float, to_mono_16k
-from rill.speech.live import LiveConfig, LiveEvent, LiveTranscriber, SpeechFailed, TranscriptDelta, TranscriptDone
+from rill.speech.causal_live import live_transcriber
+from rill.speech.live import LiveConfig, LiveEvent, SpeechFailed, TranscriptDelta, TranscriptDone
 from rill.speech.vad import TurnDetection
 
 DEFAULT_RATE_HZ = 16_000
@@ -55,13 +57,14 @@ class RunAudio:
         self.run = run
         self.per_chunk = per_chunk
         turn = TurnDetection() if per_chunk else None
-        self.live = LiveTranscriber(speech, LiveConfig(turn_detection=turn), self._on_event)
+        self.live = live_transcriber(speech, LiveConfig(turn_detection=turn), self._on_event)  # Whisper or causal
         self.scope = trio.CancelScope()
         self.waiting: deque[InputChunk] = deque()  # chunks after audio not yet final, in order
         self.num_open_commits = 0
         self.has_uncommitted = False
         self.finish_pending = False
         self.transcript = ""  # every word recognised so far (Mode B's session status shows it)
+        self.turn_opens = True  # the next delta is a turn's first
         run.manager.start_soon(self._run)
 
     async def _run(self) -> None:
@@ -124,10 +127,13 @@ class RunAudio:
     def _handle(self, event: LiveEvent) -> None:
         run = self.run
         if isinstance(event, TranscriptDelta):
-            self.transcript += self._spaced(event.text, self.transcript)
+            self.transcript += self._spaced(event.text, self.transcript, self.turn_opens)
         if isinstance(event, TranscriptDelta) and not self.per_chunk:
-            run._guard(lambda: run._apply(InputChunk(payload=self._spaced(event.text, run.text))))
+            run._guard(lambda: run._apply(InputChunk(payload=self._spaced(event.text, run.text, self.turn_opens))))
+        if isinstance(event, TranscriptDelta):
+            self.turn_opens = False
         elif isinstance(event, TranscriptDone):
+            self.turn_opens = True
             if self.per_chunk and event.text:
                 run._guard(lambda: run._apply(InputChunk(payload=event.text)))
             if event.by_commit:
@@ -138,9 +144,10 @@ class RunAudio:
                                                           param="payload", code="speech_failed")))
 
     @staticmethod
-    def _spaced(text: str, before: str) -> str:
-        """A turn's first words start without a space: one goes between them and text before them."""
-        if before and not before[-1].isspace() and text and not text[0].isspace():
+    def _spaced(text: str, before: str, turn_opens: bool) -> str:
+        """A turn's first words start without a space: one goes between them and text before them. Later
+        deltas are taken as they come (a causal model may end a delta inside a word)."""
+        if turn_opens and before and not before[-1].isspace() and text and not text[0].isspace():
             return " " + text
         return text
 

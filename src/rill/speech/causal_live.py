@@ -305,3 +305,12 @@ class CausalLiveTranscriber:
         audio_s = max(0, end - self._turn_start) / SAMPLE_RATE
         self._words, self._turn_start = [], end
         self._emit(TranscriptDone(text, audio_s, final, by_commit))
+
+
+def live_transcriber(speech, config: LiveConfig, emit: Callable[[LiveEvent], None],
+                     turn_end: TurnEndScorer | None = None):
+    """The recogniser for the served speech model: causal (its core runs live streams) or Whisper's."""
+    from rill.speech.live import LiveTranscriber
+
+    kind = CausalLiveTranscriber if getattr(speech.core, "live", None) is not None else LiveTranscriber
+    return kind(speech, config, emit, turn_end=turn_end)
