@@ -59,14 +59,16 @@ def references(dirs):
 
 def transcribe(runtime, audio, pieces=None, rate=None, delay_ms=None) -> VoxtralStream:
     stream = VoxtralStream(runtime, rate, delay_ms=delay_ms, keep_logits=True)
-    stream.tokens, stream.text = [], ""
+    stream.tokens, stream.text, stream.pieces = [], "", []
     for piece in np.split(audio, np.cumsum(pieces)[:-1]) if pieces is not None else [audio]:
         delta = stream.feed(piece)
         stream.tokens += delta.token_ids
         stream.text += delta.text
+        stream.pieces += delta.pieces
     delta = stream.finish()
     stream.tokens += delta.token_ids
     stream.text += delta.text
+    stream.pieces += delta.pieces
     return stream
 
 
@@ -100,6 +102,7 @@ def test_whole_clip_matches_transformers_generate(runtimes, references, shape):
     assert ours.num_positions > spec.decoder.sliding_window
     assert 4 * ours.num_positions > spec.encoder.sliding_window
     assert ours.text == runtimes[shape].tokenizer.decode(ref_tokens)
+    assert len(ours.pieces) == len(ref_tokens) and "".join(ours.pieces) == ours.text  # one per token
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -159,10 +162,10 @@ def test_stream_state_stays_bounded(runtimes):
         state = (stream._mel._buffer.size, stream._frames.shape[1],
                  [kv.num_cached for kv in stream._encoder.layers], [kv.num_cached for kv in stream._decoder.layers],
                  stream._encoder.conv1.shape[2], stream._encoder.conv2.shape[2], stream._encoder.waiting.shape[1])
-        sizes.append(state)
+        sizes.append((*state, stream.num_state_bytes))
     assert stream.audio_s == 8.0
     assert sizes[1] == sizes[2] == sizes[3]
-    mel, frames, enc, dec, conv1, conv2, waiting = sizes[-1]
+    mel, frames, enc, dec, conv1, conv2, waiting, num_bytes = sizes[-1]
     assert mel < runtime.audio.n_fft and frames == 0 and waiting < runtime.spec.downsample_factor
     assert enc == [runtime.spec.encoder.sliding_window - 1] * len(enc)
     assert dec == [runtime.spec.decoder.sliding_window - 1] * len(dec)

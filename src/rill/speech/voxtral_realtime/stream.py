@@ -62,6 +62,15 @@ class VoxtralStream:
         return self._decoder.num_positions
 
     @property
+    def num_state_bytes(self) -> int:
+        """What this stream holds of its own (the caches and buffers; the model is shared)."""
+        kv = [t for st in (self._encoder, self._decoder) for layer in st.layers for t in (layer.k, layer.v)
+              if t is not None]
+        tensors = kv + [self._frames, self._encoder.conv1, self._encoder.conv2]
+        tensors += [self._encoder.waiting] if self._encoder.waiting is not None else []
+        return sum(t.numel() * t.element_size() for t in tensors) + self._mel._buffer.nbytes
+
+    @property
     def audio_s(self) -> float:
         return self.num_audio_samples / self.runtime.audio.sampling_rate
 
@@ -82,7 +91,10 @@ class VoxtralStream:
         pad = to_whole + frame * (self.num_delay_tokens + 1 + RIGHT_PAD_BUFFER_FRAMES)
         delta = self._push(np.concatenate([tail, np.zeros(pad, np.float32)]), final=True, num_padding=pad)
         self.finished = True
-        return StreamDelta(delta.token_ids, delta.text + self._utf8.decode(b"", final=True))
+        held = self._utf8.decode(b"", final=True)  # an unfinished character's bytes, as U+FFFD
+        if held and delta.pieces:
+            delta.pieces[-1] += held
+        return StreamDelta(delta.token_ids, delta.text + held, delta.pieces)
 
     def _push(self, samples: np.ndarray, final: bool, num_padding: int = 0) -> StreamDelta:
         if self.ended:
@@ -98,8 +110,8 @@ class VoxtralStream:
         # generate() runs every position but the last frame's; before the end no frame is the last.
         limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1 if final else None
         tokens = self._decode(limit)
-        text = "".join(self._utf8.decode(self.runtime.tokenizer.pieces[t]) for t in tokens)
-        return StreamDelta(tokens, text)
+        pieces = [self._utf8.decode(self.runtime.tokenizer.pieces[t]) for t in tokens]
+        return StreamDelta(tokens, "".join(pieces), pieces)
 
     def _encode(self, mel: torch.Tensor) -> None:
         model = self.runtime.model
