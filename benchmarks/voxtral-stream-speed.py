@@ -44,8 +44,8 @@ def random_runtime(dtype: torch.dtype, scale: float) -> VoxtralRuntime:
     _rebuild_buffers(model, spec)
     pieces = (b"",) * 1000 + tuple(bytes([i % 256]) for i in range(spec.vocab_size - 1000))
     tekken = Tekken(pieces, {"<s>": 1, "</s>": 2, "[STREAMING_PAD]": 32}, 1000, {})
-    return VoxtralRuntime(Path("voxtral"), "voxtral", spec, AUDIO, model.eval(), MelFrontEnd(AUDIO, torch.device("cpu")),
-                          tekken, torch.device("cpu"))
+    return VoxtralRuntime(Path("voxtral"), "voxtral", spec, AUDIO, model.eval(),
+                          MelFrontEnd(AUDIO, torch.device("cpu")), tekken, torch.device("cpu"))
 
 
 def state_mb(stream: VoxtralStream) -> float:
