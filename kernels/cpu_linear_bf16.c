@@ -9,7 +9,8 @@
  * Layout: the weight [N, K] is packed into panels of 16 output columns and pairs of input features,
  * [ceil(N/16)][ceil(K/2)][16] 32-bit words, word = W[n][2p] | W[n][2p + 1] << 16 (K padded with a zero
  * feature when odd), 64-byte aligned: one k pair of a panel is one zmm register, the operand layout
- * `vdpbf16ps` reads. The activations are packed per call: with AVX-512 BF16 in the same pairs,
+ * `vdpbf16ps` reads. (Builds without it lay a pair's 64 bytes out as its 16 odd features' weights, then
+ * its 16 even ones, so that each half widens with one zero-extend and one shift.) The activations are packed per call: with AVX-512 BF16 in the same pairs,
  * [K/2][tm] words; otherwise widened to float32, [K/2][2][tm] (the odd feature's row, then the even's).
  *
  * One order of arithmetic on every path: y[m][n] is one chain over the k pairs in order, starting from
@@ -29,7 +30,10 @@
 
 #define PANEL 16 /* output columns per weight panel */
 #define BLOCK_M 96 /* rows of x packed at a time */
-#define TILE_M 6 /* rows per activation panel: AVX2 and plain C */
+/* rows per activation panel, AVX2 and plain C: 5 x 16 in ten accumulators. At 6 rows (twelve, as the float32
+ * tiles) GCC 12 spilled one to the stack and the tile ran at half speed: one thread, [1280, 768] at 64 rows
+ * 2.85 ms against 1.47 at 5 rows and 1.57 at 4; [4096, 768] at 256 rows 45.4 / 19.0 / 21.0 ms. */
+#define TILE_M 5
 #define WIDE_M 12 /* rows per activation panel with AVX-512 BF16 (8 for a call of at most 8 rows) */
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -57,9 +61,15 @@ void rill_linear_pack_bf16(const uint16_t *w, int64_t n, int64_t k, uint32_t *ou
         for (int64_t q = 0; q < k2; q++)
             for (int j = 0; j < PANEL; j++) {
                 const int64_t col = p * PANEL + j;
-                const uint32_t lo = col < n ? w[col * k + 2 * q] : 0;
-                const uint32_t hi = col < n && 2 * q + 1 < k ? w[col * k + 2 * q + 1] : 0;
-                out[(p * k2 + q) * PANEL + j] = lo | hi << 16;
+                const uint16_t even = col < n ? w[col * k + 2 * q] : 0;
+                const uint16_t odd = col < n && 2 * q + 1 < k ? w[col * k + 2 * q + 1] : 0;
+#ifdef RILL_BF16_DP
+                out[(p * k2 + q) * PANEL + j] = (uint32_t)even | (uint32_t)odd << 16;
+#else /* the pair's 16 odd features' weights, then its 16 even ones: each half widens on its own */
+                uint16_t *half = (uint16_t *)(out + (p * k2 + q) * PANEL);
+                half[j] = odd;
+                half[PANEL + j] = even;
+#endif
             }
 }
 
@@ -151,8 +161,12 @@ static inline __attribute__((always_inline)) void pack_rows(const uint16_t *x, i
 #endif
 
 #ifdef RILL_BF16_AVX2
-/* y rows [0..R) x one panel = a [k2][2][6] times b [k2][16] pairs, the odd features' weights by a mask,
- * the even's by a shift; twelve named accumulators, as cpu_linear.c's AVX2 tiles. */
+/* eight bfloat16 -> eight float32 (exact): zero-extend, then shift into the top half */
+static inline __m256 widen8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128((const __m128i *)p)), 16));
+}
+/* y rows [0..R) x one panel = a [k2][2][5] times b [k2][2][16]: per pair the odd features' 16 weights,
+ * widened, then the even's; named accumulators (up to ten), as cpu_linear.c's AVX2 tiles. */
 #define W_ROW(R, i, A)                                                                                   \
     if (R > i) {                                                                                         \
         const __m256 x = _mm256_broadcast_ss((A) + i);                                                   \
@@ -170,31 +184,26 @@ static inline __attribute__((always_inline)) void pack_rows(const uint16_t *x, i
     static void tile##R(const float *restrict a, const uint32_t *restrict b, int64_t k2, const uint16_t *bias, \
                         void *y, int64_t off, int64_t ldy, int cols, int out_f32) {                       \
         __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,          \
-               c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                          \
-        const __m256i high = _mm256_set1_epi32((int)0xffff0000u);                                         \
+               c30 = c00, c31 = c00, c40 = c00, c41 = c00;                                                \
         _Pragma("GCC unroll 2") for (int64_t q = 0; q < k2; q++, a += 2 * TILE_M, b += PANEL) {          \
-            const __m256i r0 = _mm256_load_si256((const __m256i *)b);                                     \
-            const __m256i r1 = _mm256_load_si256((const __m256i *)(b + 8));                               \
+            const uint16_t *h = (const uint16_t *)b;                                                      \
             {                                                                                             \
-                const __m256 w0 = _mm256_castsi256_ps(_mm256_and_si256(r0, high));                       \
-                const __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(r1, high));                       \
-                W_ROW(R, 0, a) W_ROW(R, 1, a) W_ROW(R, 2, a) W_ROW(R, 3, a) W_ROW(R, 4, a) W_ROW(R, 5, a)  \
+                const __m256 w0 = widen8(h), w1 = widen8(h + 8);                                          \
+                W_ROW(R, 0, a) W_ROW(R, 1, a) W_ROW(R, 2, a) W_ROW(R, 3, a) W_ROW(R, 4, a)                 \
             }                                                                                             \
             {                                                                                             \
-                const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(r0, 16));                         \
-                const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(r1, 16));                         \
+                const __m256 w0 = widen8(h + PANEL), w1 = widen8(h + PANEL + 8);                          \
                 const float *e = a + TILE_M;                                                              \
-                W_ROW(R, 0, e) W_ROW(R, 1, e) W_ROW(R, 2, e) W_ROW(R, 3, e) W_ROW(R, 4, e) W_ROW(R, 5, e)  \
+                W_ROW(R, 0, e) W_ROW(R, 1, e) W_ROW(R, 2, e) W_ROW(R, 3, e) W_ROW(R, 4, e)                 \
             }                                                                                             \
         }                                                                                                 \
-        W_STORE(R, 0) W_STORE(R, 1) W_STORE(R, 2) W_STORE(R, 3) W_STORE(R, 4) W_STORE(R, 5)               \
+        W_STORE(R, 0) W_STORE(R, 1) W_STORE(R, 2) W_STORE(R, 3) W_STORE(R, 4)                             \
     }
 W_TILE(1)
 W_TILE(2)
 W_TILE(3)
 W_TILE(4)
 W_TILE(5)
-W_TILE(6)
 #endif
 
 #ifndef RILL_BF16_DP
@@ -202,7 +211,6 @@ static void tile(const float *restrict a, const uint32_t *restrict b, int64_t k2
                  int64_t off, int64_t ldy, int rows, int cols, int out_f32) {
 #ifdef RILL_BF16_AVX2
     switch (rows) {
-    case 6: tile6(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
     case 5: tile5(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
     case 4: tile4(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
     case 3: tile3(a, b, k2, bias, y, off, ldy, cols, out_f32); return;
@@ -214,7 +222,8 @@ static void tile(const float *restrict a, const uint32_t *restrict b, int64_t k2
     for (int64_t q = 0; q < k2; q++, a += 2 * TILE_M, b += PANEL)
         for (int i = 0; i < rows; i++)
             for (int j = 0; j < PANEL; j++) {
-                const float odd = bf16_to_f32((uint16_t)(b[j] >> 16)), even = bf16_to_f32((uint16_t)b[j]);
+                const uint16_t *h = (const uint16_t *)b;
+                const float odd = bf16_to_f32(h[j]), even = bf16_to_f32(h[PANEL + j]);
                 acc[i][j] = __builtin_fmaf(a[TILE_M + i], even, __builtin_fmaf(a[i], odd, acc[i][j]));
             }
     for (int i = 0; i < rows; i++) store_row(acc[i], bias, y, off + i * ldy, cols, out_f32);
