@@ -7,7 +7,9 @@
 #
 # Env: ROUNDS (2), RILL_THREADS / VLLM_THREADS (OpenMP threads: OMP_NUM_THREADS for rill, vLLM's bound
 # cores; default 2 each, the issue's setup),
-# NUM_PROMPTS (64), VLLM_VENV (/work/vllm-venv), MODEL_DIR (random-qwen2-100m; made by rill if missing).
+# NUM_PROMPTS (64), VLLM_VENV (/work/vllm-venv), MODEL_DIR (random-qwen2-100m; made by rill if missing),
+# DTYPE (float32, or bfloat16: issue 53's comparison; passed to both servers as --dtype).
+# Takes about 6 minutes a round on 2 cores (both sides, both scenarios), plus vLLM's start (about 2 minutes).
 # Both servers stay up for the whole run and take turns; an idle one costs no CPU. Stops both at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,11 +19,15 @@ NUM_PROMPTS=${NUM_PROMPTS:-64}
 RILL_THREADS=${RILL_THREADS:-2}
 VLLM_THREADS=${VLLM_THREADS:-2}
 VLLM_VENV=${VLLM_VENV:-/work/vllm-venv}
+DTYPE=${DTYPE:-float32}
+case "$DTYPE" in float32|bfloat16) ;; *) echo "DTYPE must be float32 or bfloat16, not $DTYPE" >&2; exit 2;; esac
 RILL=${RILL:-.venv/bin/rill}
 MODEL_DIR=${MODEL_DIR:-$(.venv/bin/python -c "from rill.bench.common import resolve_model; print(resolve_model('random-qwen2-100m'))")}
 RILL_PORT=${RILL_PORT:-18431}
 VLLM_PORT=${VLLM_PORT:-18432}
 mkdir -p "$OUT"
+printf '{"dtype": "%s", "rounds": %s, "num_prompts": %s, "rill_threads": %s, "vllm_threads": %s}\n' \
+  "$DTYPE" "$ROUNDS" "$NUM_PROMPTS" "$RILL_THREADS" "$VLLM_THREADS" > "$OUT/setup.json"
 LIMITS=(--max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 2048)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done; sleep 3
@@ -36,9 +42,9 @@ wait_up() {  # url, seconds
   done
 }
 
-echo "model: $MODEL_DIR"
+echo "model: $MODEL_DIR, dtype $DTYPE"
 OMP_NUM_THREADS=$RILL_THREADS "$RILL" serve --model "$MODEL_DIR" --served-model-name model --host 127.0.0.1 \
-  --port "$RILL_PORT" --dtype float32 --kv-cache-gb 2 "${LIMITS[@]}" \
+  --port "$RILL_PORT" --dtype "$DTYPE" --kv-cache-gb 2 "${LIMITS[@]}" \
   >"$OUT/rill-serve.log" 2>&1 &
 pids+=($!)
 TCMALLOC=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4/ && !p {p = $NF} END {print p}')  # reads all: no SIGPIPE under pipefail
@@ -46,7 +52,7 @@ TCMALLOC=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4/ && !p {p = $NF} END {pr
 # importable as the PyPI package `kernels`, which transformers probes for, and its import fails.
 (cd /tmp && exec env LD_PRELOAD=$TCMALLOC VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-$((VLLM_THREADS - 1)) \
   "$VLLM_VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name model --host 127.0.0.1 --port "$VLLM_PORT" \
-  --dtype float32 "${LIMITS[@]}") >"$OUT/vllm-serve.log" 2>&1 &
+  --dtype "$DTYPE" "${LIMITS[@]}") >"$OUT/vllm-serve.log" 2>&1 &
 pids+=($!)
 wait_up "http://127.0.0.1:$RILL_PORT" 600
 echo "rill up"

@@ -102,3 +102,25 @@ def test_float16_runs_as_float32_on_the_cpu_and_says_so(tmp_path, caplog, asked)
     record = next(r for r in caplog.records if "float16 has no fast path on the CPU" in r.getMessage())
     assert record.levelno == (logging.WARNING if asked == "float16" else logging.INFO)  # asked for: a warning
     assert "dtype float32 (from float16) on the CPU: rill's C kernels, float32" in caplog.text
+
+
+def test_vllm_compare_summary_judges_bfloat16_by_issue_53s_targets(tmp_path):
+    import json
+
+    from rill.bench import vllm_compare
+
+    def result(tok_s, tpot):
+        return {"output_throughput": tok_s, "median_tpot_ms": tpot, "median_ttft_ms": 500.0, "completed": 64}
+
+    (tmp_path / "setup.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    # 1.4x at 8 in flight meets issue 33's float32 target (1.25x), not issue 53's bfloat16 one (1.5x)
+    for name, body in {"rill-inf-1": result(200, 300), "vllm-inf-1": result(160, 270),
+                       "rill-c8-1": result(140, 30), "vllm-c8-1": result(100, 50)}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+    assert vllm_compare.main([str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["setup"]["dtype"] == "bfloat16" and summary["target_ratio"] == {"inf": 1.25, "c8": 1.5}
+    assert summary["met"] is False
+    (tmp_path / "rill-c8-1.json").write_text(json.dumps(result(160, 30)))  # 1.6x, TPOT 0.6x
+    vllm_compare.main([str(tmp_path)])
+    assert json.loads((tmp_path / "summary.json").read_text())["met"] is True

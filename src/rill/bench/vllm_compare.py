@@ -16,6 +16,9 @@ from rill.bench.common import save_plot
 SCENARIOS = {"inf": "request rate inf", "c8": "8 in flight"}
 TARGET = 1.25  # issue 33: rill's output tok/s at least 1.25x vLLM's in both scenarios
 TPOT_TARGET = 0.8  # and TPOT p50 at 8 in flight at most 0.8x vLLM's
+# per dtype (DIR/setup.json, written by the script): {scenario: output tok/s ratio}, TPOT p50 ratio at 8 in flight
+TARGETS = {"float32": ({"inf": TARGET, "c8": TARGET}, TPOT_TARGET),
+           "bfloat16": ({"inf": 1.25, "c8": 1.5}, 0.7)}  # issue 53
 
 
 def load(directory: Path) -> list[dict]:
@@ -65,7 +68,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> Path | None:
+def plot(rows: list[dict], path: Path, dtype: str = "float32", targets: dict | None = None) -> Path | None:
     def draw(axes):
         labels = [f"{SCENARIOS[r['scenario']]}\nround {r['round']}" for r in rows]
         xs = range(len(rows))
@@ -75,22 +78,27 @@ def plot(rows: list[dict], path: Path) -> Path | None:
         axes[0].set_ylabel("output tokens/s (vllm bench serve)")
         axes[0].legend()
 
-    return save_plot(path, draw, title=f"rill vs vLLM CPU, random-qwen2-100m (target rill/vLLM >= {TARGET}x)")
+    wanted = ", ".join(f"{s} {t}x" for s, t in (targets or {"both": TARGET}).items())
+    return save_plot(path, draw, title=f"rill vs vLLM CPU, random-qwen2-100m, {dtype} (target rill/vLLM: {wanted})")
 
 
 def main(argv: list[str] | None = None) -> int:
     directory = Path((argv or sys.argv[1:])[0])
     rows = load(directory)
-    result = {"rows": rows, "target_ratio": TARGET, "tpot_target": TPOT_TARGET,
-              "met": bool(rows) and all(r["ratio"] >= TARGET for r in rows)
-              and all(r["tpot_ratio"] <= TPOT_TARGET for r in rows if r["scenario"] == "c8")}
+    setup_path = directory / "setup.json"
+    setup = json.loads(setup_path.read_text()) if setup_path.is_file() else {"dtype": "float32"}
+    targets, tpot_target = TARGETS[setup["dtype"]]
+    result = {"setup": setup, "rows": rows, "target_ratio": targets, "tpot_target": tpot_target,
+              "met": bool(rows) and all(r["ratio"] >= targets[r["scenario"]] for r in rows)
+              and all(r["tpot_ratio"] <= tpot_target for r in rows if r["scenario"] == "c8")}
     (directory / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(rows))
     for warning in tokenizer_warnings(rows):
         print(warning)
-    print(f"target (>= {TARGET}x in both scenarios, TPOT p50 at 8 in flight <= {TPOT_TARGET}x): "
+    wanted = ", ".join(f"{SCENARIOS[s]} >= {t}x" for s, t in targets.items())
+    print(f"{setup['dtype']}: target ({wanted}, TPOT p50 at 8 in flight <= {tpot_target}x): "
           f"{'met' if result['met'] else 'not met'}")
-    plot(rows, directory / "summary.png")
+    plot(rows, directory / "summary.png", setup["dtype"], targets)
     return 0
 
 
