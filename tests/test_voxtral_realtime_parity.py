@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers_server import one_torch_thread  # noqa: F401
 from helpers_voxtral import FRAME, SAMPLE_RATE, hf_transcribe, make_voxtral_dir, synthetic_audio
 
 pytest.importorskip("mistral_common")  # the voxtral-ref extra
@@ -29,15 +30,6 @@ from rill.speech.voxtral_realtime import VoxtralStream, is_voxtral_realtime_dir,
 LOGIT_TOL = 1e-3
 CLIP_S = 2.0
 SHAPES = ("small", "wide", "deep")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: a second thread only waits on the first (15x slower on 2 shared, busy cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-import torch
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
 from helpers_models import make_model_dir
+from helpers_server import one_torch_thread  # noqa: F401
 from helpers_voxtral import make_voxtral_dir, synthetic_audio
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
@@ -34,15 +34,6 @@ if not hasattr(pytest.importorskip("transformers"), "VoxtralRealtimeConfig"):
 
 URL = "/v1/audio/transcriptions"
 SECONDS = 12.5  # two 10 s segments
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: a second thread only waits on the first on 2 shared, busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

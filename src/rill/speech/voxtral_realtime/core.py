@@ -6,8 +6,9 @@ The file path is Kyutai's (rill.speech.kyutai.core): each request is a VoxtralSt
 order, and segments are `segment_s` spans of audio with the text written while they were heard. Only the
 stream differs, so the chunking and segmenting are inherited.
 
-No live streams yet (realtime sessions are a later piece of issue 56): this core has no `live`, so the
-speech worker refuses live streams for it. Greedy decoding only, no prompt or prefix, no translation.
+Live streams (realtime sessions, Mode A/B audio chunks) are the core's `live` (rill.speech.causal's
+LiveStreams over VoxtralCausal), stepped after the file requests' chunks, as Kyutai's core does. Greedy
+decoding only, no prompt or prefix, no translation.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import numpy as np
 import torch
 
 from rill.errors import ValidationError
+from rill.speech.causal import LiveStreams
 from rill.speech.decoding import TranscribeParams
 from rill.speech.kyutai.core import INPUT_RATE, KyutaiCore, KyutaiRequest, _validate
+from rill.speech.voxtral_realtime.live import VoxtralCausal
 from rill.speech.voxtral_realtime.loader import VoxtralRuntime, load_voxtral_realtime
 from rill.speech.voxtral_realtime.stream import VoxtralStream
 
@@ -44,6 +47,7 @@ class VoxtralCore(KyutaiCore):
         self.chunk_samples = int(chunk_s * INPUT_RATE)
         self.segment_samples = int(segment_s * INPUT_RATE)
         self.requests: dict[str, KyutaiRequest] = {}
+        self.live = LiveStreams(VoxtralCausal(runtime, delay_ms))
 
     def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams) -> None:
         """Queue 16 kHz mono float32 audio; raises ValidationError (and keeps nothing) if it cannot run."""
@@ -56,17 +60,3 @@ class VoxtralCore(KyutaiCore):
         stream = VoxtralStream(self.runtime, INPUT_RATE, delay_ms=self.delay_ms)
         # The model is told no language; the one asked for (if any) is reported back, as Kyutai's core does.
         self.requests[request_id] = KyutaiRequest(request_id, audio, params.language or "en", stream)
-
-    def abort(self, request_id: str) -> None:
-        """Forget a request at once (its caches go with it). Unknown ids are ignored."""
-        self.requests.pop(request_id, None)
-
-    def has_work(self) -> bool:
-        return bool(self.requests)
-
-    def step(self) -> list:
-        deltas = [self._advance(request) for request in list(self.requests.values())]
-        for delta in deltas:
-            if delta.finished is not None:
-                del self.requests[delta.request_id]
-        return deltas

@@ -46,20 +46,28 @@ class VoxtralStream:
         self.num_delay_tokens = audio.num_delay_tokens(delay_ms)
         self.prompt = [tok.bos_id] + [tok.streaming_pad_id] * (audio.num_left_pad_tokens + self.num_delay_tokens)
         self._resampler = StreamResampler(self.input_rate, audio.sampling_rate)
+        # mistral-common's left padding: silence before the audio, queued with it.
+        self._queue = np.zeros(audio.num_left_pad_tokens * audio.frame_samples, np.float32)
         self._mel = MelStream(runtime.front)
         self._encoder = runtime.model.audio_tower.new_state()
         self._decoder = runtime.model.language_model.new_state(self.num_delay_tokens)
         self._frames = torch.zeros(1, 0, runtime.spec.decoder.hidden_size, device=runtime.device)
         self._utf8 = tok.incremental_decoder()
         self._last_token: int | None = None  # sampled at the last position, fed at the next
+        self._new_tokens: list[int] = []  # sampled since the last pop_delta, and their text
+        self._new_pieces: list[str] = []
         self.logits: list[torch.Tensor] | None = [] if keep_logits else None  # for parity tests only
         self.num_audio_samples = 0  # samples of the caller's audio at the model's rate (no padding)
-        self.finished = False
-        self.ended = False  # the model wrote its end-of-sequence token: nothing more comes out
+        self.ended = False  # no more audio (end() or finish())
+        self.finished = False  # ended and every position run: the last delta is out or waiting
+        self.at_eos = False  # the model wrote its end-of-sequence token: nothing more comes out
 
     @property
     def num_positions(self) -> int:
         return self._decoder.num_positions
+
+    num_steps = num_positions  # rill.speech.causal's name: position p's token heard audio up to
+    # (p + 1) * 80 ms less the left padding
 
     @property
     def num_state_bytes(self) -> int:
@@ -68,49 +76,86 @@ class VoxtralStream:
               if t is not None]
         tensors = kv + [self._frames, self._encoder.conv1, self._encoder.conv2]
         tensors += [self._encoder.waiting] if self._encoder.waiting is not None else []
-        return sum(t.numel() * t.element_size() for t in tensors) + self._mel._buffer.nbytes
+        return sum(t.numel() * t.element_size() for t in tensors) + self._mel._buffer.nbytes + self._queue.nbytes
 
     @property
     def audio_s(self) -> float:
         return self.num_audio_samples / self.runtime.audio.sampling_rate
 
+    # -- one stream alone: feed / finish --------------------------------------------------------------
+
     def feed(self, pcm: np.ndarray) -> StreamDelta:
         """Mono float samples at `input_rate`, any length: returns the tokens that whole frames allow."""
-        if self.finished:
+        if self.ended:
             raise RuntimeError("the stream is finished")
-        samples = self._resampler.push(np.asarray(pcm, dtype=np.float32), last=False)
-        return self._push(samples, final=False)
+        self.push(pcm)
+        self.advance()
+        return self.pop_delta()
 
     def finish(self) -> StreamDelta:
         """End of audio: flush the resampler, pad with silence, run the last positions, flush the text."""
         if self.finished:
             return StreamDelta([], "")
-        tail = self._resampler.push(np.zeros(0, dtype=np.float32), last=True)
-        frame = self.runtime.audio.frame_samples
-        to_whole = -(self.num_audio_samples + tail.size) % frame
-        pad = to_whole + frame * (self.num_delay_tokens + 1 + RIGHT_PAD_BUFFER_FRAMES)
-        delta = self._push(np.concatenate([tail, np.zeros(pad, np.float32)]), final=True, num_padding=pad)
-        self.finished = True
-        held = self._utf8.decode(b"", final=True)  # an unfinished character's bytes, as U+FFFD
-        if held and delta.pieces:
-            delta.pieces[-1] += held
-        return StreamDelta(delta.token_ids, delta.text + held, delta.pieces)
+        self.end()
+        self.advance()
+        return self.pop_delta()
 
-    def _push(self, samples: np.ndarray, final: bool, num_padding: int = 0) -> StreamDelta:
+    # -- the parts the speech worker's live streams run (rill.speech.causal) ---------------------------
+
+    def push(self, pcm: np.ndarray) -> None:
+        """Queue mono float samples at `input_rate` (resampled to the model's rate as they come)."""
+        samples = self._resampler.push(np.asarray(pcm, dtype=np.float32), last=False)
+        self.num_audio_samples += samples.size
+        self._queue = np.concatenate([self._queue, samples])
+
+    def end(self) -> None:
+        """No more audio: the resampler's tail, then mistral-common's right padding, are queued."""
         if self.ended:
-            return StreamDelta([], "")
-        self.num_audio_samples += samples.size - num_padding
-        if self._mel.num_samples == 0:  # mistral-common's left padding: silence before the audio
-            left = self.runtime.audio.num_left_pad_tokens * self.runtime.audio.frame_samples
-            samples = np.concatenate([np.zeros(left, np.float32), samples])
-        mels = [self._mel.push(samples)] + ([self._mel.finish()] if final else [])
-        for mel in mels:
-            if mel is not None:
-                self._encode(mel)
-        # generate() runs every position but the last frame's; before the end no frame is the last.
-        limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1 if final else None
-        tokens = self._decode(limit)
-        pieces = [self._utf8.decode(self.runtime.tokenizer.pieces[t]) for t in tokens]
+            return
+        tail = self._resampler.push(np.zeros(0, dtype=np.float32), last=True)
+        self.num_audio_samples += tail.size
+        frame = self.runtime.audio.frame_samples
+        pad = -self.num_audio_samples % frame + frame * (self.num_delay_tokens + 1 + RIGHT_PAD_BUFFER_FRAMES)
+        self._queue = np.concatenate([self._queue, tail, np.zeros(pad, np.float32)])
+        self.ended = True
+
+    @property
+    def num_ready_frames(self) -> int:
+        """Frames of audio queued (a part of one counts: its mel frames can run)."""
+        return -(-self._queue.size // self.runtime.audio.frame_samples)
+
+    @property
+    def wants_step(self) -> bool:
+        return False  # advance() runs every position its audio allows
+
+    def advance(self, max_frames: int | None = None) -> None:
+        """Run up to `max_frames` frames of the queued audio (all of it by default) through the model."""
+        if self.finished:
+            return
+        size = self._queue.size if max_frames is None else max_frames * self.runtime.audio.frame_samples
+        samples, self._queue = self._queue[:size], self._queue[size:]
+        final = self.ended and not self._queue.size
+        if not self.at_eos:
+            for mel in [self._mel.push(samples)] + ([self._mel.finish()] if final else []):
+                if mel is not None:
+                    self._encode(mel)
+            # generate() runs every position but the last frame's; before the end no frame is the last.
+            limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1 if final else None
+            for token in self._decode(limit):
+                self._new_tokens.append(token)
+                self._new_pieces.append(self._utf8.decode(self.runtime.tokenizer.pieces[token]))
+        if final or self.at_eos:
+            self._queue, self._frames = self._queue[:0], self._frames[:, :0]
+        if final:
+            held = self._utf8.decode(b"", final=True)  # an unfinished character's bytes, as U+FFFD
+            if held:
+                self._new_pieces[-1:] = [(self._new_pieces[-1] if self._new_pieces else "") + held]
+            self.finished = True
+
+    def pop_delta(self) -> StreamDelta:
+        """The tokens sampled since the last call, and the text each adds."""
+        tokens, pieces = self._new_tokens, self._new_pieces
+        self._new_tokens, self._new_pieces = [], []
         return StreamDelta(tokens, "".join(pieces), pieces)
 
     def _encode(self, mel: torch.Tensor) -> None:
@@ -124,7 +169,7 @@ class VoxtralStream:
         """Run the positions whose frames have arrived (up to `limit` positions in all)."""
         tokens: list[int] = []
         num_prompt = len(self.prompt)
-        while self._frames.shape[1] and not self.ended:
+        while self._frames.shape[1] and not self.at_eos:
             start = self.num_positions
             if limit is not None and start >= limit:
                 break
@@ -149,5 +194,5 @@ class VoxtralStream:
         if self.logits is not None:
             self.logits.append(logits)
         self._last_token = int(logits.argmax())
-        self.ended = self._last_token == self.runtime.tokenizer.eos_id
+        self.at_eos = self._last_token == self.runtime.tokenizer.eos_id
         return self._last_token
