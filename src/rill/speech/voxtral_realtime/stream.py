@@ -11,10 +11,14 @@ silence) and stops where transformers' `generate` stops on that clip: after the 
 generates `frames - prompt` tokens), or at the end-of-sequence token. So a clip fed in any pieces gives
 the tokens `generate` gives on the whole clip.
 
+Two ways to drive it: `feed` / `finish` (one stream alone, KyutaiStream's interface), or `push` / `end`
+queue audio and `advance` runs it, with `pop_delta` taking what came out (rill.speech.causal's
+CausalStream, what the speech worker's live streams run).
+
 A stream's state is bounded whatever its length: fewer than n_fft samples in the front end, a few conv
 columns, each attention layer's last window - 1 keys and values (encoder and decoder), fewer than 4
-encoder positions waiting for their frame, frames not yet run (only before the prompt is whole), the
-last token and an incremental UTF-8 decoder.
+encoder positions waiting for their frame, frames not yet run (only before the prompt is whole), audio
+queued and not yet advanced, the last token and an incremental UTF-8 decoder.
 """
 
 from __future__ import annotations
