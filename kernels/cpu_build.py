@@ -1,9 +1,10 @@
-"""Builds rill's CPU kernels (kernels/cpu_attn.c, kernels/cpu_linear.c, kernels/cpu_glue.c) once per
-machine into one library and loads it with ctypes.
+"""Builds rill's CPU kernels (kernels/cpu_attn.c, kernels/cpu_linear.c, kernels/cpu_glue.c and their
+bfloat16 counterparts, kernels/*_bf16.c) once per machine into one library and loads it with ctypes.
 
-The library is compiled with the system's C compiler (`cc`, or $CC) for this CPU (-march=native)
+The library is compiled with the system's C compiler (`cc`, or $CC) for this CPU (-march=native; or
+RILL_CPU_ISA: avx512_bf16, avx512, avx2 or generic, for tests and comparisons of the paths: see ISAS)
 and kept under ~/.cache/rill/kernels (or $RILL_CACHE/kernels), named by a hash of the source,
-the compiler and the CPU's flags, so an edit, a new compiler or another machine builds afresh.
+the compiler, the CPU's flags and the build's, so an edit, a new compiler or another machine builds afresh.
 Without a compiler, or with RILL_CPU_KERNELS=0, `library()` returns None and the callers keep
 torch's paths (the reference decode attention, oneDNN's linear layers, torch's elementwise ops); the
 reason is logged once.
@@ -75,7 +76,7 @@ def cpu_has(name: str) -> bool:
 def load(name: str) -> ctypes.CDLL:
     """The library built for instruction set `name` (ISAS), compiled if need be; raises when it cannot be.
     Only call its functions where cpu_has(name)."""
-    import torch  # noqa: F401  (loads torch's libgomp first, so ours resolves to it)
+    import torch  # noqa: F401, PLC0415  (loads torch's libgomp first, so ours resolves to it)
 
     lib = ctypes.CDLL(str(_build(name)))
     _declare(lib)
