@@ -37,3 +37,19 @@ def test_bench_voice_writes_every_measurement(tmp_path):
     for spoken in result["spoken_answer"].values():
         assert [s["sessions"] for s in spoken["sessions"]] == [1] and spoken["cascade"]["n"] == 2
         assert spoken["manual_commit"]["n"] == 2 and spoken["manual_commit"]["p50"] > 0
+
+
+def test_bench_voice_spoken_only_measures_the_spoken_half_alone(tmp_path):
+    llm = make_model_dir(tmp_path / "llm", "mistral")
+    speech = make_whisper_dir(tmp_path / "whisper", multilingual=False, max_source_positions=250,
+                              max_target_positions=64)
+    out = tmp_path / "spoken.json"
+    assert bench_main(["voice", "--llm", str(llm), "--speech-model", str(speech), "--n", "2", "--max-tokens", "4",
+                       "--threads", "1", "--json", str(out), "--spoken-only", "--spoken-sessions", "1,2",
+                       "--voices", "espeak", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert "first_token_ms" not in result and list(result["spoken_answer"]) == ["espeak"]
+    spoken = result["spoken_answer"]["espeak"]
+    assert [s["sessions"] for s in spoken["sessions"]] == [1, 2]
+    assert all(s["unfinished"] == 0 and s["n"] >= 2 for s in spoken["sessions"])  # every answer ended in time

@@ -61,6 +61,8 @@ def add_arguments(p) -> None:
                    "own: espeak (the default voice), kokoro (a random-weight Kokoro of --kokoro-shape, made once in "
                    "the cache) or a Kokoro directory (default %(default)s)")
     p.add_argument("--kokoro-shape", default="kokoro-82m", help="the random Kokoro's shape (default %(default)s)")
+    p.add_argument("--spoken-only", action="store_true", help="measure only the spoken half (skip transcript lag, "
+                   "first token and concurrent streams)")
 
 
 # -- word times -----------------------------------------------------------------------------------------
@@ -315,6 +317,9 @@ async def _spoken(clips: list[Clip], args) -> dict:
 async def _serve_and_measure(clips: list[Clip], ends: list[list[float]], args) -> dict:
     from rill.tiny_speech.evaluate import normalize
 
+    if args.spoken_only:
+        return {"spoken": await _spoken(clips, args)}
+
     async with _server(args) as base:
         url = base.replace("http://", "ws://") + "/v1/realtime"
         out = {"vad": [], "manual": [], "baseline": []}
@@ -346,10 +351,25 @@ def run(args) -> dict:
     window_s = json.loads((model_dir / "preprocessor_config.json").read_text())["n_samples"] / RATE
     root = args.cache_dir if args.cache_dir is not None else default_cache_dir()
     clips = load_audio_set(root, args.seed, args.n, window_s, disable_progress=args.no_progress)
-    voices = manifest_voices(clips)
-    ends = [word_ends_s(c, v) for c, v in zip(progress(clips, desc="word times", disable=args.no_progress), voices)]
+    ends = []
+    if not args.spoken_only:  # the word times only the transcript lag needs
+        voices = manifest_voices(clips)
+        ends = [word_ends_s(c, v) for c, v in zip(progress(clips, desc="word times", disable=args.no_progress),
+                                                  voices)]
     measured = trio.run(_serve_and_measure, clips, ends, args)
-    return _result(measured, clips, args)
+    return _spoken_result(measured, clips, args) if args.spoken_only else _result(measured, clips, args)
+
+
+def _config(clips: list[Clip], args) -> dict:
+    return {"llm": args.llm, "speech_model": str(args.speech_model), "n": len(clips), "silence_ms": args.silence_ms,
+            "chunk_ms": CHUNK_S * 1000, "streams": args.streams, "keep_up_ms": args.keep_up_ms,
+            "voices": args.voices, "kokoro_shape": args.kokoro_shape, "spoken_sessions": args.spoken_sessions,
+            "max_tokens": args.max_tokens}
+
+
+def _spoken_result(m: dict, clips: list[Clip], args) -> dict:
+    return {"config": _config(clips, args), "spoken_answer": m["spoken"],
+            "targets": {"spoken_p50_ms": 300, "spoken_vs_cascade": 0.2, "sessions": 8}}
 
 
 def _result(m: dict, clips: list[Clip], args) -> dict:
@@ -360,9 +380,7 @@ def _result(m: dict, clips: list[Clip], args) -> dict:
     silence_s = args.silence_ms / 1000
     p50 = lambda xs: percentile([x for x in xs if x == x], 50) * 1000 if any(x == x for x in xs) else None  # noqa: E731
     return {
-        "config": {"llm": args.llm, "speech_model": str(args.speech_model), "n": len(clips), "silence_ms": args.silence_ms,
-                   "chunk_ms": CHUNK_S * 1000, "streams": args.streams, "keep_up_ms": args.keep_up_ms,
-                   "voices": args.voices, "kokoro_shape": args.kokoro_shape},
+        "config": _config(clips, args),
         "exact_transcripts": sum(t["exact"] for t in m["vad"]) / len(m["vad"]),
         "transcript_lag_ms": _ms(lags),
         "first_token_ms": {"server_vad": p50(vad_first), "server_vad_less_silence": (p50(vad_first) or 0) - 1000 * silence_s,
@@ -375,6 +393,13 @@ def _result(m: dict, clips: list[Clip], args) -> dict:
 
 
 def summary(result: dict) -> str:
+    if "first_token_ms" not in result:  # --spoken-only
+        c = result["config"]
+        lines = [f"voice (spoken half): {c['n']} questions, {c['speech_model']} + {c['llm']}, server VAD silence "
+                 f"{c['silence_ms']} ms, torch threads {result.get('torch_threads', '?')}"]
+        for voice, spoken in result["spoken_answer"].items():
+            lines += voice_spoken.summary_lines(spoken, voice)
+        return "\n".join(lines)
     c, lag, first = result["config"], result["transcript_lag_ms"], result["first_token_ms"]
     fmt = lambda v: "n/a" if v is None else f"{v:.0f} ms"  # noqa: E731
     lines = [f"voice: {c['n']} questions, {c['speech_model']} + {c['llm']}, server VAD silence {c['silence_ms']} ms, "
@@ -397,6 +422,12 @@ def summary(result: dict) -> str:
 
 
 def plot(result: dict, path) -> None:
+    spoken = result.get("spoken_answer") or {}
+    if "first_token_ms" not in result:  # --spoken-only
+        save_plot(Path(path), lambda axes: _plot_spoken(axes[0], spoken), ncols=1,
+                  title=f"rill bench voice: spoken answers ({result['config']['llm']})")
+        return
+
     def draw(axes):
         first = result["first_token_ms"]
         names = ["server VAD", "manual commit", "transcribe+chat"]
@@ -416,7 +447,6 @@ def plot(result: dict, path) -> None:
         if spoken:
             _plot_spoken(axes[2], spoken)
 
-    spoken = result.get("spoken_answer") or {}
     save_plot(Path(path), draw, ncols=3 if spoken else 2, title=f"rill bench voice: {Path(result['config']['speech_model']).name} + "
               f"{result['config']['llm']}")
 

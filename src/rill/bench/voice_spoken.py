@@ -21,10 +21,13 @@ from rill.bench.common import percentile
 from rill.bench.speech_set import Clip
 
 SPEECH_MODEL = "tts-1"  # OpenAI's name: /v1/audio/speech serves the server's voice under it
+TURN_TIMEOUT_S = 120  # a spoken answer of --max-tokens words that has not ended by then is counted unfinished
 
 
-async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> float:
-    """One question, answered aloud: seconds from the end of speech to the first audio delta (nan: none).
+async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> tuple[float, bool]:
+    """One question, answered aloud: seconds from the end of speech to the first audio delta (nan: none),
+    and whether the answer ended (response.done) within TURN_TIMEOUT_S; a turn that did not is closed (the
+    server cancels it) and counted, never allowed to stop the run.
     `manual`: push-to-talk (the audio up to its last sound, then commit and response.create; no VAD silence)."""
     import trio
 
@@ -33,19 +36,20 @@ async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> float
     settings = {"temperature": 0, "max_output_tokens": args.max_tokens, "output_modalities": ["audio"],
                 "turn_detection": None if manual else vad(args.silence_ms)}
     ws_cm, ws = await session(url, settings)
-    first = float("nan")
+    first, ended = float("nan"), False
     try:
         async with trio.open_nursery() as nursery:
             async def read() -> None:
-                nonlocal first
-                with trio.fail_after(120):
+                nonlocal first, ended
+                with trio.move_on_after(TURN_TIMEOUT_S):
                     while True:
                         event = json.loads(await ws.get_message())
                         if event["type"] == "response.output_audio.delta" and first != first:
                             first = trio.current_time()
                         if event["type"] in ("response.done", "error"):
-                            nursery.cancel_scope.cancel()
-                            return
+                            ended = event["type"] == "response.done"
+                            break
+                nursery.cancel_scope.cancel()
 
             nursery.start_soon(read)
             said = clip.audio[:int(round(sound_end_s(clip.audio) * RATE))] if manual else clip.audio
@@ -58,7 +62,7 @@ async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> float
                 await speak(ws, np.zeros(int((args.silence_ms / 1000 + 3.0) * RATE), np.float32))
     finally:
         await ws_cm.__aexit__(None, None, None)
-    return first - speech_end
+    return first - speech_end, ended
 
 
 async def cascade_turn(base: str, clip: Clip, args) -> float:
@@ -84,21 +88,21 @@ async def spoken_sessions(url: str, clips: list[Clip], n: int, args) -> dict:
     """n sessions at once, each asking its share of the questions (at least two) one after another."""
     import trio
 
-    firsts: list[float] = []
+    turns: list[tuple[float, bool]] = []
 
     async def one(i: int) -> None:
         for j in range(max(2, len(clips) // n)):
-            firsts.append(await spoken_turn(url, clips[(i + j * n) % len(clips)], args))
+            turns.append(await spoken_turn(url, clips[(i + j * n) % len(clips)], args))
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
             nursery.start_soon(one, i)
-    return {"sessions": n, **_ms(firsts)}
+    return {"sessions": n, **_turns(turns)}
 
 
 async def measure(base: str, url: str, clips: list[Clip], args) -> dict:
     out = {"sessions": [], "cascade": []}
-    out["manual_commit"] = _ms([await spoken_turn(url, clip, args, manual=True) for clip in clips])
+    out["manual_commit"] = _turns([await spoken_turn(url, clip, args, manual=True) for clip in clips])
     for n in [int(s) for s in args.spoken_sessions.split(",") if s]:
         out["sessions"].append(await spoken_sessions(url, clips, n, args))
     out["cascade"] = _ms([await cascade_turn(base, clip, args) for clip in clips])
@@ -114,9 +118,15 @@ def summary_lines(spoken: dict, voice: str) -> list[str]:
              + (f", {manual / cascade:.2f} of the cascade (target <= 0.2, p50 <= 300 ms)" if manual and cascade else "")]
     for s in spoken["sessions"]:
         ratio = f", {s['p50'] / cascade:.2f} of the cascade" if s.get("p50") and cascade else ""
+        unfinished = f", {s['unfinished']} not done within {TURN_TIMEOUT_S} s" if s.get("unfinished") else ""
         lines.append(f"    server VAD (its silence included), {s['sessions']} sessions: p50 {fmt(s.get('p50'))}, p95 "
-                     f"{fmt(s.get('p95'))} over {s['n']} answers{ratio}")
+                     f"{fmt(s.get('p95'))} over {s['n']} answers{ratio}{unfinished}")
     return lines
+
+
+def _turns(turns: list[tuple[float, bool]]) -> dict:
+    """_ms of the turns' first audio, and how many answers did not end within TURN_TIMEOUT_S."""
+    return {**_ms([seconds for seconds, _ in turns]), "unfinished": sum(not ended for _, ended in turns)}
 
 
 def _ms(seconds: list[float]) -> dict:
