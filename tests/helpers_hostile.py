@@ -81,10 +81,11 @@ class RawRealtimeClient:
         await self.stream.send_all(self.ws.send(TextMessage(json.dumps({"type": type_, **fields}))))
 
     async def ask(self, text: str, max_tokens: int) -> None:
-        """A user message and a response to it; none of the answer is read."""
+        """A user message and a response to it; none of the answer is read. Greedy: an endless model's
+        answer then never ends on its own (sampled, it may draw the end of turn)."""
         await self.send("conversation.item.create",
                         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
-        await self.send("response.create", response={"max_output_tokens": max_tokens})
+        await self.send("response.create", response={"max_output_tokens": max_tokens, "temperature": 0})
 
     async def half_close(self) -> None:
         """Send FIN (no close frame) and keep the socket, unread: the client has left, its kernel stays."""
