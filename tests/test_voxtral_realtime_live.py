@@ -52,7 +52,7 @@ def alone(runtime, audio: np.ndarray, rate: int = RATE) -> tuple[list[int], str]
     return first.token_ids + last.token_ids, first.text + last.text
 
 
-def test_live_streams_stepped_together_equal_each_alone(runtime):
+def test_live_streams_batched_together_equal_each_alone(runtime):
     audios = [synthetic_audio(s, seed=40 + i) for i, s in enumerate((2.0, 3.1, 1.3))]
     live = LiveStreams(VoxtralCausal(runtime), max_frames=3)
     got = {name: [] for name in ("0", "1", "2", "gone")}
@@ -78,6 +78,7 @@ def test_live_streams_stepped_together_equal_each_alone(runtime):
         for delta in live.step():
             got[delta.request_id] += delta.token_ids
     assert live.num_live == 0 and not live.has_work()
+    assert live.model.max_rows == 3  # the streams' decoder positions shared forwards
     for i, audio in enumerate(audios):
         assert got[str(i)] == alone(runtime, audio)[0]
 

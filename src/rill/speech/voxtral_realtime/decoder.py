@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rill.speech.kyutai.attention import LayerKV, Rotary, SelfAttention
+from rill.speech.kyutai.attention import LayerKV, Rotary, RowsKV, SelfAttention
 from rill.speech.kyutai.decoder import RMSNorm
 from rill.speech.voxtral_realtime.config import LayerStack, VoxtralSpec
 from rill.speech.voxtral_realtime.encoder import GatedMLP
@@ -90,4 +90,17 @@ class TextDecoder(nn.Module):
         for layer, cache, scale in zip(self.layers, state.layers, state.scales):
             x = layer(x, rope, cache, scale)
         state.num_positions += x.shape[1]
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def forward_rows(self, tokens: torch.Tensor, audio: torch.Tensor, states: list[DecoderState]) -> torch.Tensor:
+        """One position for each of several streams (row b at its own position, with its own cache and delay):
+        tokens [B, 1], audio [B, 1, D] -> hidden states [B, 1, D], each row's what `forward` gives it alone."""
+        x = self.embed_tokens(tokens) + audio.to(self.norm.weight.dtype)
+        rope = self.rotary.cos_sin_rows([s.num_positions for s in states], 1, x.dtype)
+        for i, layer in enumerate(self.layers):
+            scale = torch.cat([s.scales[i] for s in states])
+            x = layer(x, rope, RowsKV([s.layers[i] for s in states]), scale)
+        for state in states:
+            state.num_positions += 1
         return self.norm(x)

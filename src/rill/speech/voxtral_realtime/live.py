@@ -1,13 +1,17 @@
 """Voxtral Realtime as a causal model of the speech worker (rill.speech.causal): realtime sessions and
 Mode A/B audio chunks run VoxtralStreams there, as Kyutai's do.
 
-Each worker step advances every live stream by at most `max_frames` frames of its queued audio, one
-stream after another: a stream's positions are not yet batched with other streams' (Kyutai's decoder
-steps are, rill.speech.kyutai.batch; Voxtral's are a later piece of issue 56). What a step gives a
-stream is exactly what feeding it alone gives (tests/test_voxtral_realtime_live.py).
+Each worker step takes every live stream's next `max_frames` frames of queued audio through the front end
+and the encoder (stream by stream) and runs its prompt's positions (alone: their tokens are known, several
+at once); then the decoder positions past the prompt of all streams run together, one position per stream
+per forward (rill.speech.kyutai.attention's RowsKV: each row its own sliding-window cache), until no stream
+has a frame left. Each row computes what the stream computes alone (tests/test_voxtral_realtime_live.py
+pins the tokens).
 """
 
 from __future__ import annotations
+
+import torch
 
 from rill.speech.causal import CausalInfo
 from rill.speech.voxtral_realtime.loader import VoxtralRuntime
@@ -18,7 +22,7 @@ VOXTRAL_LANGUAGES = ("en", "zh", "hi", "es", "ar", "fr", "pt", "ru", "de", "ja",
 
 
 class VoxtralCausal:
-    """CausalModel over one loaded runtime; every stream at the same delay."""
+    """CausalModel over one loaded runtime; every stream at the same delay (the rows could differ)."""
 
     def __init__(self, runtime: VoxtralRuntime, delay_ms: float | None = None):
         self.runtime, self.delay_ms = runtime, delay_ms
@@ -27,10 +31,30 @@ class VoxtralCausal:
         # Position p's token has heard the padded audio up to (p + 1) frames: the left padding is the prefix.
         self.info = CausalInfo(frame_s, audio.num_left_pad_tokens * frame_s,
                                audio.num_delay_tokens(delay_ms) * frame_s, VOXTRAL_LANGUAGES)
+        self.max_rows = 0  # the most streams one decoder forward has run together
 
     def open_stream(self, input_rate: int) -> VoxtralStream:
         return VoxtralStream(self.runtime, input_rate, delay_ms=self.delay_ms)
 
     def step(self, streams: list[VoxtralStream], max_frames: int) -> None:
         for stream in streams:
-            stream.advance(max_frames)
+            stream.prepare(max_frames)
+        while rows := [s for s in streams if s.wants_step]:
+            self._decode(rows)
+        for stream in streams:
+            stream.settle()
+
+    def _decode(self, rows: list[VoxtralStream]) -> None:
+        model, device = self.runtime.model, self.runtime.device
+        inputs = [s.step_inputs() for s in rows]
+        self.max_rows = max(self.max_rows, len(rows))
+        tokens = torch.tensor([[token] for token, _ in inputs], device=device)
+        audio = torch.cat([a for _, a in inputs])  # [B, 1, D]
+        if len(rows) == 1:
+            hidden = model.language_model(tokens, audio, rows[0].decoder_state)
+        else:
+            hidden = model.language_model.forward_rows(tokens, audio, [s.decoder_state for s in rows])
+        with torch.inference_mode():
+            logits = model.lm_head(hidden[:, -1]).float()
+        for stream, row in zip(rows, logits):
+            stream.take_logits(row)

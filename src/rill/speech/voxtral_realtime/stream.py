@@ -23,6 +23,8 @@ queued and not yet advanced, the last token and an incremental UTF-8 decoder.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
@@ -65,6 +67,8 @@ class VoxtralStream:
         self.ended = False  # no more audio (end() or finish())
         self.finished = False  # ended and every position run: the last delta is out or waiting
         self.at_eos = False  # the model wrote its end-of-sequence token: nothing more comes out
+        self._final = False  # ended, and the last of the audio taken
+        self._limit: int | None = None  # positions generate() runs in all, once the end is known
 
     @property
     def num_positions(self) -> int:
@@ -81,6 +85,10 @@ class VoxtralStream:
         tensors = kv + [self._frames, self._encoder.conv1, self._encoder.conv2]
         tensors += [self._encoder.waiting] if self._encoder.waiting is not None else []
         return sum(t.numel() * t.element_size() for t in tensors) + self._mel._buffer.nbytes + self._queue.nbytes
+
+    @property
+    def decoder_state(self):
+        return self._decoder
 
     @property
     def audio_s(self) -> float:
@@ -128,29 +136,73 @@ class VoxtralStream:
         """Frames of audio queued (a part of one counts: its mel frames can run)."""
         return -(-self._queue.size // self.runtime.audio.frame_samples)
 
-    @property
-    def wants_step(self) -> bool:
-        return False  # advance() runs every position its audio allows
-
     def advance(self, max_frames: int | None = None) -> None:
         """Run up to `max_frames` frames of the queued audio (all of it by default) through the model."""
+        self.prepare(max_frames)
+        while self.wants_step:
+            token, audio = self.step_inputs()
+            hidden = self.runtime.model.language_model(torch.tensor([[token]], device=self.runtime.device), audio,
+                                                       self._decoder)
+            self.take_hidden(hidden[:, -1])
+        self.settle()
+
+    def prepare(self, max_frames: int | None = None) -> None:
+        """Take up to `max_frames` frames of queued audio through the front end and the encoder, and run
+        the prompt's positions their frames allow (alone: their tokens are known, several at once)."""
         if self.finished:
             return
         size = self._queue.size if max_frames is None else max_frames * self.runtime.audio.frame_samples
         samples, self._queue = self._queue[:size], self._queue[size:]
-        final = self.ended and not self._queue.size
-        if not self.at_eos:
-            for mel in [self._mel.push(samples)] + ([self._mel.finish()] if final else []):
-                if mel is not None:
-                    self._encode(mel)
-            # generate() runs every position but the last frame's; before the end no frame is the last.
-            limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1 if final else None
-            for token in self._decode(limit):
-                self._new_tokens.append(token)
-                self._new_pieces.append(self._utf8.decode(self.runtime.tokenizer.pieces[token]))
-        if final or self.at_eos:
-            self._queue, self._frames = self._queue[:0], self._frames[:, :0]
-        if final:
+        self._final = self.ended and not self._queue.size
+        if self.at_eos:
+            return
+        for mel in [self._mel.push(samples)] + ([self._mel.finish()] if self._final else []):
+            if mel is not None:
+                self._encode(mel)
+        if self._final:  # generate() runs every position but the last frame's
+            self._limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1
+        start, num_prompt = self.num_positions, len(self.prompt)
+        count = min(self._frames.shape[1], num_prompt - start, self._room)
+        if count > 0:
+            hidden = self._run(self.prompt[start : start + count], count)
+            if self.num_positions == num_prompt:
+                self.take_hidden(hidden[:, -1])
+
+    @property
+    def wants_step(self) -> bool:
+        """A position past the prompt whose frame has arrived, before the end."""
+        return (bool(self._frames.shape[1]) and self.num_positions >= len(self.prompt) and not self.at_eos
+                and self._room > 0)
+
+    @property
+    def _room(self) -> int:
+        """Positions still to run: unbounded until the end is known."""
+        return sys.maxsize if self._limit is None else self._limit - self.num_positions
+
+    def step_inputs(self) -> tuple[int, torch.Tensor]:
+        """The next position's token (sampled at the last) and its frame's audio embedding [1, 1, D]."""
+        audio, self._frames = self._frames[:, :1], self._frames[:, 1:]
+        return self._last_token, audio
+
+    def take_hidden(self, hidden: torch.Tensor) -> None:
+        """The last position's final hidden state [1, D]: its greedy token is the stream's next."""
+        with torch.inference_mode():
+            self.take_logits(self.runtime.model.lm_head(hidden)[0].float())
+
+    def take_logits(self, logits: torch.Tensor) -> None:
+        if self.logits is not None:
+            self.logits.append(logits)
+        token = self._last_token = int(logits.argmax())
+        self.at_eos = token == self.runtime.tokenizer.eos_id
+        self._new_tokens.append(token)
+        self._new_pieces.append(self._utf8.decode(self.runtime.tokenizer.pieces[token]))
+
+    def settle(self) -> None:
+        """After a step's positions: an ended stream whose audio is all run is finished."""
+        if self.finished or not (self._final or self.at_eos):
+            return
+        self._queue, self._frames = self._queue[:0], self._frames[:, :0]
+        if self._final:
             held = self._utf8.decode(b"", final=True)  # an unfinished character's bytes, as U+FFFD
             if held:
                 self._new_pieces[-1:] = [(self._new_pieces[-1] if self._new_pieces else "") + held]
@@ -169,34 +221,7 @@ class VoxtralStream:
             with torch.inference_mode():
                 self._frames = torch.cat([self._frames, model.multi_modal_projector(frames).float()], dim=1)
 
-    def _decode(self, limit: int | None) -> list[int]:
-        """Run the positions whose frames have arrived (up to `limit` positions in all)."""
-        tokens: list[int] = []
-        num_prompt = len(self.prompt)
-        while self._frames.shape[1] and not self.at_eos:
-            start = self.num_positions
-            if limit is not None and start >= limit:
-                break
-            if start < num_prompt:  # prompt positions: their tokens are known, run them together
-                count = min(self._frames.shape[1], num_prompt - start)
-                ids = self.prompt[start : start + count]
-            else:
-                count, ids = 1, [self._last_token]
-            hidden = self._run(ids, count)
-            if self.num_positions >= num_prompt:
-                tokens.append(self._sample(hidden[:, -1]))
-        return tokens
-
     def _run(self, ids: list[int], count: int) -> torch.Tensor:
         audio, self._frames = self._frames[:, :count], self._frames[:, count:]
         tokens = torch.tensor([ids], device=self.runtime.device)
         return self.runtime.model.language_model(tokens, audio, self._decoder)
-
-    def _sample(self, hidden: torch.Tensor) -> int:
-        with torch.inference_mode():
-            logits = self.runtime.model.lm_head(hidden)[0].float()
-        if self.logits is not None:
-            self.logits.append(logits)
-        self._last_token = int(logits.argmax())
-        self.at_eos = self._last_token == self.runtime.tokenizer.eos_id
-        return self._last_token
