@@ -92,6 +92,7 @@ class CausalLiveTranscriber:
         self._held = ""  # the word being written
         self._turn_start = 0
         self.num_samples = 0  # fed by the client
+        self._num_streamed = 0  # of those, given to a stream (the detector's sample indices count the same)
         self.num_streams = 0
         self.failed = False
 
@@ -167,12 +168,12 @@ class CausalLiveTranscriber:
 
     def _to_stream(self, samples: np.ndarray) -> None:
         if self._live is None:
-            start = self._vad.num_samples if self._vad is not None else 0
-            self._live = _Live(self.speech.open_live(SAMPLE_RATE), start)
+            self._live = _Live(self.speech.open_live(SAMPLE_RATE), self._num_streamed)
             self.num_streams += 1
             self._send_live.send_nowait(self._live)
         self._live.handle.feed(samples)
         self._live.num_fed += len(samples)
+        self._num_streamed += len(samples)
 
     def _mark(self, mark: _Mark) -> None:
         if mark.kind == "clear":
