@@ -209,5 +209,6 @@ def test_a_model_computes_the_same_bits_with_scratch_buffers_as_with_fresh_ones(
         return out
 
     reused = run()
-    monkeypatch.setattr(cpu_glue, "scratch", lambda name, rows, cols: torch.empty(rows, cols))
+    monkeypatch.setattr(cpu_glue, "scratch",
+                        lambda name, rows, cols, dtype=torch.float32: torch.empty(rows, cols, dtype=dtype))
     assert reused == run()
