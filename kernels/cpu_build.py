@@ -183,7 +183,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.rill_rotary_kv_f32.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.rill_silu_mul_f32.restype = None
     lib.rill_silu_mul_f32.argtypes = [ptr, i64, i64, ptr, ctypes.c_int]
-    _declare_bf16(lib)
+    if hasattr(lib, "rill_bf16_path"):  # a library built before the bfloat16 kernels (an A/B's OLD) has none
+        _declare_bf16(lib)
 
 
 def _declare_bf16(lib: ctypes.CDLL) -> None:
