@@ -120,3 +120,33 @@ async def test_a_whisper_worker_refuses_a_live_stream(tmp_path):
                 async for _ in handle:
                     pass
         assert not speech.num_requests
+
+
+async def test_the_recogniser_holds_its_source_at_the_backlog_limit(wide_dir, runtime):
+    """CausalLiveTranscriber's wait_for_room: audio up to max_backlog_s passes at once; past it the source
+    waits until the worker has heard enough, and the turn's transcript is the whole recording's."""
+    from rill.speech.causal_live import CausalLiveTranscriber
+    from rill.speech.live import LiveConfig, TranscriptDone
+
+    audio = synthetic_audio(6.0, seed=3, rate=RATE)
+    events = []
+    async with open_speech_engine(str(wide_dir)) as speech:
+        live = CausalLiveTranscriber(speech, LiveConfig(turn_detection=None, max_backlog_s=1.0), events.append)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.run)
+            live.feed(audio[:RATE])  # at the limit: room at once
+            assert live.backlog_s == 1.0
+            with trio.fail_after(0.01):
+                await live.wait_for_room()
+            live.feed(audio[RATE:])  # past it: held until the worker catches up
+            assert live.backlog_s > 1.0
+            with trio.fail_after(60):
+                await live.wait_for_room()
+            assert live.backlog_s <= 1.0
+            live.commit(final=True)
+            await wait_for(lambda: any(isinstance(e, TranscriptDone) for e in events), seconds=60)
+            nursery.cancel_scope.cancel()
+        await wait_for(lambda: speech.core.live.num_live == 0 and not speech.num_requests)
+    (done,) = [e for e in events if isinstance(e, TranscriptDone)]
+    stream = KyutaiStream(runtime, RATE)
+    assert done.final and done.by_commit and done.text == (stream.feed(audio).text + stream.finish().text).strip()
