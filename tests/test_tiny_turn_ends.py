@@ -62,7 +62,7 @@ def test_tool_results_and_system_turns_are_not_trained(tokenizer):
     assert USER_GOES_ON not in labels_after and USER_ENDS not in labels_after
 
 
-def test_the_loss_rewards_the_end_after_the_last_word_only():
+def test_the_loss_rewards_each_turns_end_and_nothing_before_it():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.MistralConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -75,7 +75,9 @@ def test_the_loss_rewards_the_end_after_the_last_word_only():
     with torch.no_grad():
         loss = turn_end_loss(model, rows, labels, end, 1.0).item()
         logp = torch.log_softmax(model(rows[:, :-1]).logits[0].float(), -1)
-    expected = (-logp[4:7, rows[0, 5:8]].diagonal().mean() - logp[3, end]
-                - torch.log1p(-logp[1:3, end].exp()).mean()).item()
+    replay = -logp[4:7, rows[0, 5:8]].diagonal().mean()
+    user = -logp[3, end] - torch.log1p(-logp[1:3, end].exp()).mean()  # ends after token 2; goes on before
+    assistant = -logp[6, end] - torch.log1p(-logp[4:6, end].exp()).mean()  # its own <|im_end|> at the end
+    expected = (replay + user + assistant).item()
     assert math.isclose(loss, expected, rel_tol=1e-4)
     assert np.isfinite(loss)
