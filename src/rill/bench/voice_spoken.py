@@ -24,31 +24,34 @@ SPEECH_MODEL = "tts-1"  # OpenAI's name: /v1/audio/speech serves the server's vo
 TURN_TIMEOUT_S = 120  # a spoken answer of --max-tokens words that has not ended by then is counted unfinished
 
 
-async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> tuple[float, bool]:
+async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> tuple[float, str]:
     """One question, answered aloud: seconds from the end of speech to the first audio delta (nan: none),
-    and whether the answer ended (response.done) within TURN_TIMEOUT_S; a turn that did not is closed (the
-    server cancels it) and counted, never allowed to stop the run.
+    and how the turn ended: "done" (response.done), "timeout" (not done within TURN_TIMEOUT_S: the socket
+    is closed, so the server cancels it), "error" (an error event) or "closed" (the server closed the socket).
     `manual`: push-to-talk (the audio up to its last sound, then commit and response.create; no VAD silence)."""
     import trio
+    from trio_websocket import ConnectionClosed
 
-    from rill.bench.voice import LEAD_S, RATE, session, sound_end_s, speak, vad
+    from rill.bench.voice import LEAD_S, RATE, realtime_session, sound_end_s, speak, vad
 
     settings = {"temperature": 0, "max_output_tokens": args.max_tokens, "output_modalities": ["audio"],
                 "turn_detection": None if manual else vad(args.silence_ms)}
-    ws_cm, ws = await session(url, settings)
-    first, ended = float("nan"), False
+    # "closed" unless read() says otherwise: trio-websocket ends the block when the server closes the socket
+    first, ended, speech_end = float("nan"), "closed", float("nan")
     try:
-        async with trio.open_nursery() as nursery:
+        async with realtime_session(url, settings) as ws, trio.open_nursery() as nursery:
             async def read() -> None:
                 nonlocal first, ended
-                with trio.move_on_after(TURN_TIMEOUT_S):
+                with trio.move_on_after(TURN_TIMEOUT_S) as deadline:
                     while True:
                         event = json.loads(await ws.get_message())
                         if event["type"] == "response.output_audio.delta" and first != first:
                             first = trio.current_time()
                         if event["type"] in ("response.done", "error"):
-                            ended = event["type"] == "response.done"
+                            ended = "done" if event["type"] == "response.done" else "error"
                             break
+                if deadline.cancelled_caught:
+                    ended = "timeout"
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(read)
@@ -60,8 +63,8 @@ async def spoken_turn(url: str, clip: Clip, args, manual: bool = False) -> tuple
                 await ws.send_message(json.dumps({"type": "response.create"}))
             else:
                 await speak(ws, np.zeros(int((args.silence_ms / 1000 + 3.0) * RATE), np.float32))
-    finally:
-        await ws_cm.__aexit__(None, None, None)
+    except ConnectionClosed:
+        ended = "closed"
     return first - speech_end, ended
 
 
@@ -88,15 +91,19 @@ async def spoken_sessions(url: str, clips: list[Clip], n: int, args) -> dict:
     """n sessions at once, each asking its share of the questions (at least two) one after another."""
     import trio
 
-    turns: list[tuple[float, bool]] = []
+    turns: list[tuple[float, str]] = []
+    asked = 0
 
     async def one(i: int) -> None:
+        nonlocal asked
         for j in range(max(2, len(clips) // n)):
+            asked += 1
             turns.append(await spoken_turn(url, clips[(i + j * n) % len(clips)], args))
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
             nursery.start_soon(one, i)
+    assert len(turns) == asked, (len(turns), asked)  # every question asked is counted, answered or not
     return {"sessions": n, **_turns(turns)}
 
 
@@ -118,15 +125,19 @@ def summary_lines(spoken: dict, voice: str) -> list[str]:
              + (f", {manual / cascade:.2f} of the cascade (target <= 0.2, p50 <= 300 ms)" if manual and cascade else "")]
     for s in spoken["sessions"]:
         ratio = f", {s['p50'] / cascade:.2f} of the cascade" if s.get("p50") and cascade else ""
-        unfinished = f", {s['unfinished']} not done within {TURN_TIMEOUT_S} s" if s.get("unfinished") else ""
+        unfinished = (f", {s['unfinished']} unfinished ({s.get('timeout', 0)} past {TURN_TIMEOUT_S} s, {s.get('error', 0)} "
+                      f"errors, {s.get('closed', 0)} closed by the server)" if s.get("unfinished") else "")
         lines.append(f"    server VAD (its silence included), {s['sessions']} sessions: p50 {fmt(s.get('p50'))}, p95 "
                      f"{fmt(s.get('p95'))} over {s['n']} answers{ratio}{unfinished}")
     return lines
 
 
-def _turns(turns: list[tuple[float, bool]]) -> dict:
-    """_ms of the turns' first audio, and how many answers did not end within TURN_TIMEOUT_S."""
-    return {**_ms([seconds for seconds, _ in turns]), "unfinished": sum(not ended for _, ended in turns)}
+def _turns(turns: list[tuple[float, str]]) -> dict:
+    """_ms of the turns' first audio, and how many answers did not end with response.done (and why)."""
+    out = {**_ms([seconds for seconds, _ in turns]), "unfinished": sum(ended != "done" for _, ended in turns)}
+    for how in ("timeout", "error", "closed"):
+        out[how] = sum(ended == how for _, ended in turns)
+    return out
 
 
 def _ms(seconds: list[float]) -> dict:
