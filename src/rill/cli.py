@@ -342,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 FORWARDED = {"train-tiny": "rill.tiny.train", "eval-tiny": "rill.tiny.evaluate",
              "train-tiny-speech": "rill.tiny_speech.train", "eval-tiny-speech": "rill.tiny_speech.evaluate", "bench": "rill.bench",
              "train-tiny-vision": "rill.tiny_vision.train", "eval-tiny-vision": "rill.tiny_vision.evaluate",
+             "train-tiny-causal": "rill.tiny_causal.train", "eval-tiny-causal": "rill.tiny_causal.evaluate",
              "nginx-config": "rill.scaling.nginx"}
 
 

@@ -1,0 +1,155 @@
+"""Train rill-tiny-causal on one CPU core.
+
+    rill train-tiny-causal [--out DIR] [--steps N] [--clips N] [--threads 1] [--delay-ms 480]
+                           [--init-from DIR] [--max-minutes M] [--checkpoint-every N]
+
+Word-timed training questions (rill.tiny_causal.timings, cached by seed), each clip padded as a live
+stream pads it, its delayed text stream (rill.tiny_causal.targets) as the teacher-forced input and
+the labels; AdamW with a linear warm-up and a cosine decay; a checkpoint every N steps and at the end
+(also when --max-minutes runs out), loadable by rill's runtime (`rill serve --speech-model DIR`).
+`--init-from DIR` continues from a checkpoint: its tokenizer and delay are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rill.tiny_causal import model as M
+from rill.tiny_causal import targets, timings, vocab as V
+from rill.tiny_speech import synth
+
+DEFAULT_OUT = Path("runs/rill-tiny-causal")
+MAX_SAMPLES = 6 * synth.SAMPLE_RATE
+N_LEFT = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rill train-tiny-causal", description="Train rill-tiny-causal (Voxtral Realtime "
+                                "architecture) from scratch on espeak-ng questions, word-timed.")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--shape", choices=sorted(M.SHAPES), default="base")
+    p.add_argument("--steps", type=int, default=3000, help="steps of the schedule")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--clips", type=int, default=2048, help="training clips synthesised (cached by seed)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--word-weight", type=float, default=3.0, help="loss weight of word tokens against pads")
+    p.add_argument("--delay-ms", type=int, default=480, help="transcription delay, a multiple of 80 ms")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="synthesis worker processes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint directory")
+    p.add_argument("--checkpoint-every", type=int, default=250)
+    p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this much training time")
+    p.add_argument("--cache-dir", type=Path, default=timings.DEFAULT_CACHE)
+    p.add_argument("--shard-size", type=int, default=128)
+    return p.parse_args(argv)
+
+
+def lr_at(step: int, args) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    done = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
+
+
+def batch(data: timings.TimedClips, index: np.ndarray, vocab: V.Vocab, extractor, delay: int, rng) -> dict:
+    """Features, the teacher-forced streams and their loss weights for clips `index`."""
+    audios = []
+    for i in index:  # the recipe's variety, lightly: a gain and a little noise (offsets would move the timings)
+        a = data.clips.audio(int(i)) * np.float32(10 ** (rng.uniform(-12, 3) / 20))
+        audios.append(a + rng.normal(0, rng.uniform(0, 0.01), a.shape).astype(np.float32))
+    padded, frames = M.padded_batch(audios, delay, N_LEFT)
+    streams = []
+    for i, a in zip(index, audios):
+        s = targets.token_stream(vocab, data.groups[int(i)], data.ends[int(i)], len(a), delay, N_LEFT)
+        streams.append((s + [V.PAD] * frames)[:frames])
+    ids = torch.tensor(streams)
+    features = extractor(list(padded), sampling_rate=synth.SAMPLE_RATE, return_tensors="pt").input_features
+    return dict(ids=ids, features=features)
+
+
+def fitting(data: timings.TimedClips, vocab: V.Vocab, delay: int) -> np.ndarray:
+    """Clips whose delayed stream ends within their padding (long spelled-out words may not)."""
+    return np.array([i for i in range(len(data)) if len(targets.token_stream(
+        vocab, data.groups[i], data.ends[i], len(data.clips.audio(i)), delay, N_LEFT))
+        <= targets.num_frames(len(data.clips.audio(i)), delay, N_LEFT)])
+
+
+def loss_of(model, b: dict, delay: int, word_weight: float) -> torch.Tensor:
+    out = model(input_ids=b["ids"], input_features=b["features"], num_delay_tokens=delay)
+    logits, labels = out.logits[:, :-1], b["ids"][:, 1:]
+    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
+    weights = torch.where(labels == V.PAD, 1.0, word_weight).flatten()
+    prompt = 1 + N_LEFT + delay  # labels before index `prompt` are the prompt's own: known, not learned
+    mask = (torch.arange(labels.shape[1]) >= prompt - 1).repeat(labels.shape[0])
+    weights = weights * mask
+    return (losses * weights).sum() / weights.sum()
+
+
+def setup(args):
+    if args.init_from:
+        model, extractor, vocab = M.load(args.init_from)
+        audio = json.loads((args.init_from / "tekken.json").read_text())["audio"]
+        delay_ms = int(audio["transcription_delay_ms"])
+        state = json.loads((args.init_from / "train_state.json").read_text()) if (args.init_from / "train_state.json").exists() else {}
+        return model, extractor, vocab, delay_ms, state.get("total_steps", 0)
+    vocab = V.Vocab(V.word_pieces(seed=args.seed))
+    model, extractor = M.create(vocab, args.shape, args.seed)
+    return model, extractor, vocab, args.delay_ms, 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.delay_ms % 80 or args.delay_ms <= 0:
+        raise SystemExit("--delay-ms must be a positive multiple of 80")
+    model, extractor, vocab, delay_ms, done_before = setup(args)
+    delay = delay_ms // 80
+    data = timings.build(args.seed, args.clips, MAX_SAMPLES, root=args.cache_dir, workers=args.workers,
+                         size=args.shard_size)
+    usable = fitting(data, vocab, delay)[: args.clips]
+    print(f"{len(usable)} of {len(data)} clips fit their padding with a {delay_ms} ms delay")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    rng, started, losses = np.random.default_rng(args.seed + done_before), time.monotonic(), []
+    model.train()
+    bar = tqdm(range(args.steps), desc="train-tiny-causal", unit="step", mininterval=5.0)
+    step = 0
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
+        loss = loss_of(model, batch(data, rng.choice(usable, args.batch_size), vocab, extractor, delay, rng),
+                       delay, args.word_weight)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", lr=f"{lr_at(step, args):.1e}")
+        timed_out = args.max_minutes and time.monotonic() - started > args.max_minutes * 60
+        if (step + 1) % args.checkpoint_every == 0 or timed_out:
+            checkpoint(args.out, model, extractor, vocab, delay_ms, done_before + step + 1, losses, started)
+        if timed_out:
+            break
+    checkpoint(args.out, model, extractor, vocab, delay_ms, done_before + step + 1, losses, started)
+    print(f"saved {args.out} after {step + 1} steps, loss {np.mean(losses[-20:]):.3f}")
+    return 0
+
+
+def checkpoint(out: Path, model, extractor, vocab, delay_ms, total_steps, losses, started) -> None:
+    M.save(out, model, extractor, vocab, delay_ms, N_LEFT)
+    state = dict(total_steps=total_steps, loss_last20=float(np.mean(losses[-20:])), loss_first=losses[0],
+                 minutes=round((time.monotonic() - started) / 60, 1))
+    (out / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The recipe's own tekken.json: Mistral's special tokens, the 256 bytes, and whole-word pieces.
+
+rill's runtime only decodes (an id's bytes), so the recipe owns the encoder: greedy longest match over
+the pieces, bytes as the fallback. Word pieces carry their leading space (" weather"), so one word is
+usually one token and one 80 ms frame; digits stay single bytes (" 3", "4", "7") so a number never
+heard in training is still spelled from tokens that were.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+from rill.tiny import splits
+from rill.tiny_speech import transcripts
+
+SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]",
+            "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]", "[ARGS]",
+            "[CALL_ID]", "[AUDIO]", "[BEGIN_AUDIO]", "[TRANSCRIBE]", "[THINK]", "[/THINK]", "[STREAMING_PAD]",
+            "[STREAMING_WORD]"]
+NUM_SPECIAL = 40  # Mistral's layout: the rest of the special ids are fillers
+BOS, PAD = SPECIALS.index("<s>"), SPECIALS.index("[STREAMING_PAD]")
+DEFAULT_WORDS = 1024  # word pieces kept: the most common in a sample of training transcripts
+SAMPLE_UTTERANCES = 20_000
+
+
+def word_pieces(num_words: int = DEFAULT_WORDS, seed: int = 0) -> list[bytes]:
+    """" word" pieces of training transcripts (never held-out values), most common first; no digits."""
+    rng, counts = random.Random(f"rill-tiny-causal/vocab/{seed}"), Counter()
+    for _ in range(SAMPLE_UTTERANCES):
+        text = transcripts.make_utterance(rng, transcripts.sample_family(rng), splits.TRAIN).text
+        counts.update(w for w in text.split() if len(w) > 1 and not any(c.isdigit() for c in w))
+    return [f" {w}".encode() for w, _ in counts.most_common(num_words)]
+
+
+class Vocab:
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = [bytes([b]) for b in range(256)] + [p for p in pieces if len(p) > 1]
+        self.ids = {p: NUM_SPECIAL + i for i, p in enumerate(self.pieces)}
+        self.longest = max(map(len, self.pieces))
+
+    @property
+    def size(self) -> int:
+        return NUM_SPECIAL + len(self.pieces)
+
+    def encode(self, text: str) -> list[int]:
+        data, out, i = text.encode(), [], 0
+        while i < len(data):
+            for n in range(min(self.longest, len(data) - i), 0, -1):
+                if (piece := data[i : i + n]) in self.ids and (n == 1 or _ends_word(data, i + n)):
+                    out.append(self.ids[piece])
+                    i += n
+                    break
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.pieces[i - NUM_SPECIAL] for i in ids if i >= NUM_SPECIAL).decode(errors="replace")
+
+    def save(self, path: Path, audio: dict) -> None:
+        """tekken.json as rill's Tekken and mistral-common read it, with the streaming audio section."""
+        specials = [{"rank": i, "token_str": name, "is_control": True} for i, name in enumerate(SPECIALS)]
+        vocab = [{"rank": i, "token_bytes": base64.b64encode(p).decode(), "token_str": _str(p)}
+                 for i, p in enumerate(self.pieces)]
+        config = dict(pattern=r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+", num_vocab_tokens=len(vocab),
+                      default_vocab_size=self.size, default_num_special_tokens=NUM_SPECIAL, version="v13")
+        data = dict(config=config, vocab=vocab, special_tokens=specials, audio=audio)
+        (path / "tekken.json").write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path: Path) -> Vocab:
+        raw = json.loads((path / "tekken.json").read_text())
+        return cls([base64.b64decode(t["token_bytes"]) for t in raw["vocab"]][256:])
+
+
+def _ends_word(data: bytes, end: int) -> bool:
+    """A word piece matches a whole word only (" weather" not in " weatherman")."""
+    return end == len(data) or not chr(data[end]).isalpha()
+
+
+def _str(piece: bytes) -> str | None:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return None

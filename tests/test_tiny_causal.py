@@ -1,0 +1,128 @@
+"""rill-tiny-causal's recipe: word-timed delayed targets, training that learns, a checkpoint rill's own
+runtime streams and serves, and --init-from. espeak-ng says the clips; the model is the recipe's test shape."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import openai
+import pytest
+import soundfile
+import torch
+
+from rill.tiny_speech import synth
+
+if not hasattr(pytest.importorskip("transformers"), "VoxtralRealtimeConfig"):
+    pytest.skip("transformers has no Voxtral Realtime (5.x needed)", allow_module_level=True)
+if not synth.espeak_available():
+    pytest.skip("espeak-ng is not installed", allow_module_level=True)
+
+from helpers_server import one_torch_thread  # noqa: E402,F401
+from helpers_voxtral import hf_transcribe  # noqa: E402
+from test_voxtral_realtime_serving import llm_dir, voxtral_server  # noqa: E402,F401
+
+from rill.speech.voxtral_realtime import VoxtralStream, load_voxtral_realtime  # noqa: E402
+from rill.tiny_causal import model as M  # noqa: E402
+from rill.tiny_causal import targets, timings, train  # noqa: E402
+from rill.tiny_causal.vocab import PAD, Vocab, word_pieces  # noqa: E402
+
+DELAY, N_LEFT = 6, train.N_LEFT
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("causal-cache")
+
+
+@pytest.fixture(scope="module")
+def data(cache):
+    return timings.build(0, 8, train.MAX_SAMPLES, root=cache, size=8)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, cache, data):
+    out = tmp_path_factory.mktemp("causal") / "run"
+    train.main(["--out", str(out), "--shape", "test", "--steps", "6", "--batch-size", "4", "--clips", "8",
+                "--shard-size", "8", "--warmup", "2", "--cache-dir", str(cache), "--checkpoint-every", "3"])
+    return out
+
+
+def test_delayed_targets_start_a_delay_after_each_word_ends(data):
+    vocab = Vocab(word_pieces(256))
+    fits = set(train.fitting(data, vocab, DELAY).tolist())
+    assert len(fits) >= len(data) // 2
+    for i in range(len(data)):
+        groups, ends, n = data.groups[i], data.ends[i], len(data.clips.audio(i))
+        assert " ".join(groups) == data.clips.texts[i] and len(ends) == len(groups)
+        assert ends == sorted(ends) and ends[-1] == n and 0 < ends[0] < n
+        stream = targets.token_stream(vocab, groups, ends, n, DELAY, N_LEFT)
+        if i not in fits:
+            continue
+        assert len(stream) == targets.num_frames(n, DELAY, N_LEFT)
+        words = [t for t in stream if t != PAD][1:]
+        assert vocab.decode(words) == " " + data.clips.texts[i]
+        for group, end in zip(groups, ends):
+            q = targets.first_index(end, DELAY, N_LEFT)
+            # the position predicting index q has heard real frames up to q - 1 - n_left: the word's last
+            # frame and `delay` more
+            assert (q - 1 - N_LEFT) * targets.FRAME >= end - targets.FRAME + DELAY * targets.FRAME
+            if q < len(stream) and stream[q] != PAD and vocab.decode([stream[q]]).strip():
+                first = vocab.decode(vocab.encode(" " + group)[:1])
+                assert vocab.decode([stream[q]]) == first or stream[q - 1] != PAD  # or it waited its turn
+    # the word ends come from espeak-ng's own prefixes: not all at the end of the clip
+    assert sum(len(e) for e in data.ends) > 2 * len(data)
+
+
+def test_a_few_steps_lower_the_loss(data):
+    torch.manual_seed(0)
+    vocab = Vocab(word_pieces(256))
+    model, extractor = M.create(vocab, "test")
+    b = train.batch(data, train.fitting(data, vocab, DELAY)[:4], vocab, extractor, DELAY, np.random.default_rng(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss = train.loss_of(model, b, DELAY, 3.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]  # 6.1 -> 4.5 at this seed
+
+
+def test_the_checkpoint_streams_as_it_decodes_offline(trained, data):
+    audio = data.clips.audio(0)
+    runtime = load_voxtral_realtime(trained)
+    whole = VoxtralStream(runtime, 16_000)
+    first, last = whole.feed(audio), whole.finish()
+    pieces, stream = [], VoxtralStream(runtime, 16_000)
+    for start in range(0, len(audio), 1000):
+        pieces += stream.feed(audio[start : start + 1000]).token_ids
+    pieces += stream.finish().token_ids
+    assert pieces == first.token_ids + last.token_ids
+    tokens, _, _ = hf_transcribe(trained, audio)  # transformers' offline generate on the same weights
+    assert tokens[: len(pieces)] == pieces
+
+
+async def test_the_checkpoint_serves_a_transcription(trained, data, llm_dir):  # noqa: F811
+    audio = data.clips.audio(1)
+    stream = VoxtralStream(load_voxtral_realtime(trained), 16_000)
+    expected = (stream.feed(audio).text + stream.finish().text).strip()
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, 16_000, format="WAV", subtype="FLOAT")
+    async with voxtral_server(llm_dir, trained) as (url, _):
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        got = await client.audio.transcriptions.create(model=str(trained), file=("a.wav", buffer.getvalue()))
+    assert got.text.strip() == expected
+
+
+def test_init_from_continues_with_the_same_tokenizer(trained, cache, tmp_path):
+    out = tmp_path / "next"
+    train.main(["--out", str(out), "--init-from", str(trained), "--steps", "2", "--batch-size", "2", "--clips", "8",
+                "--shard-size", "8", "--warmup", "1", "--cache-dir", str(cache), "--delay-ms", "160"])
+    assert (out / "tekken.json").read_text() == (trained / "tekken.json").read_text()  # delay kept too
+    assert json.loads((out / "train_state.json").read_text())["total_steps"] == 8
+    before, after = M.load(trained)[0], M.load(out)[0]
+    assert before.config.text_config.to_dict() == after.config.text_config.to_dict()
+    assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
