@@ -23,7 +23,6 @@ from rill.tiny import splits
 from rill.tiny_speech import augment, dataset, transcripts
 from rill.tiny_speech import evaluate as speech_eval
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "rill-tiny-causal"
 WINDOW_S = 6.4  # the longest clip the eval's offset may pad to (training's MAX_SAMPLES + the offset)
 PIECE = 1280  # 80 ms pieces, a live stream's chunks
 
@@ -53,7 +52,7 @@ class StreamBackend:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rill eval-tiny-causal", description="Held-out transcripts of rill-tiny-causal per family.")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="a Voxtral Realtime directory")
+    p.add_argument("--model", type=Path, required=True, help="a Voxtral Realtime directory (a training run's --out)")
     p.add_argument("--per-family", type=int, default=100, help="clips per family")
     p.add_argument("--json", type=Path, default=None, help="write the full report here")
     p.add_argument("--seed", type=int, default=1234, help="seed of the held-out clips and their variety")
