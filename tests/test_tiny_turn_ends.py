@@ -12,6 +12,9 @@ import torch
 from rill.tiny import corpus
 from rill.tiny.turn_ends import ASSISTANT, NONE, USER_ENDS, USER_GOES_ON, TurnEndEncoder, turn_end_loss
 
+# A recipe test (a training loss on rill-tiny): CI's slow step, as the other recipes' heavier tests.
+pytestmark = pytest.mark.slow
+
 TINY = Path(__file__).resolve().parent.parent / "src" / "rill" / "assets" / "rill-tiny"
 
 

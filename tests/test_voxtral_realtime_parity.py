@@ -27,6 +27,9 @@ from rill.errors import ModelLoadError  # noqa: E402
 from rill.speech.kyutai.resample import resample_whole  # noqa: E402
 from rill.speech.voxtral_realtime import VoxtralStream, is_voxtral_realtime_dir, load_voxtral_realtime  # noqa: E402
 
+# The whole module runs in CI's slow step: the default run is at its 15-minute budget.
+pytestmark = pytest.mark.slow
+
 LOGIT_TOL = 1e-3
 CLIP_S = 2.0
 SHAPES = ("small", "wide", "deep")
