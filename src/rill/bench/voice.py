@@ -154,20 +154,15 @@ async def read_turns(ws, turns: list[Turn], until: str) -> None:
 
 
 async def session(url: str, settings: dict):
-    from trio_websocket import open_websocket_url
-
-    settings = {"input_audio_format": {"type": "audio/pcm", "rate": 16_000}, **settings}  # the speech sent is 16 kHz
-    ws_cm = open_websocket_url(url)
-    ws = await ws_cm.__aenter__()
-    assert json.loads(await ws.get_message())["type"] == "session.created"
-    await ws.send_message(json.dumps({"type": "session.update", "session": settings}))
-    assert json.loads(await ws.get_message())["type"] == "session.updated"
-    return ws_cm, ws
+    """realtime_session entered by hand, for callers that close it themselves: (its context, the socket)."""
+    ws_cm = realtime_session(url, settings)
+    return ws_cm, await ws_cm.__aenter__()
 
 
 @asynccontextmanager
 async def realtime_session(url: str, settings: dict):
-    """`session` as a context: the socket closes (and its answer with it) when the block ends, however it ends."""
+    """A /v1/realtime session with `settings` applied; the socket closes (and its answer with it) when the block
+    ends, however it ends."""
     from trio_websocket import open_websocket_url
 
     settings = {"input_audio_format": {"type": "audio/pcm", "rate": 16_000}, **settings}  # the speech sent is 16 kHz
