@@ -32,19 +32,13 @@ import numpy as np
 import trio
 
 from rill.errors import RillError
-from rill.speech.live import (LiveConfig, LiveEvent, SpeechFailed, SpeechStarted, SpeechStopped, TranscriptDelta,
-                              TranscriptDone)
+from rill.speech.live import (LiveConfig, LiveEvent, QueuedInput, SpeechFailed, SpeechStarted, SpeechStopped,
+                              TranscriptDelta, TranscriptDone, _Mark)
 from rill.speech.semantic_vad import CHECK_PAUSE_MS, TurnEndScorer, ends_turn
 from rill.speech.vad import SAMPLE_RATE, Activity, VadEvent, VoiceActivity
 
 MARGIN_FRAMES = 1  # a turn ends one frame after the step that hears its end plus the delay
 FILL_AFTER_S = 0.3  # past the model's delay: how long a turn's end waits for the client's own audio
-
-
-@dataclass(frozen=True)
-class _Mark:
-    kind: str  # "commit" | "clear"
-    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,7 +62,7 @@ class _Live:
     final: bool | None = None  # set by the commit that ended it
 
 
-class CausalLiveTranscriber:
+class CausalLiveTranscriber(QueuedInput):
     """One live stream's recogniser over a causal model; `run` it in a nursery, feed it from trio."""
 
     def __init__(self, speech, config: LiveConfig, emit: Callable[[LiveEvent], None],
@@ -109,24 +103,6 @@ class CausalLiveTranscriber:
         samples = np.asarray(samples, dtype=np.float32)
         self.num_samples += len(samples)
         self._push(samples)
-
-    def commit(self, final: bool = False) -> None:
-        self._push(_Mark("commit", final))
-
-    def clear(self) -> None:
-        self._push(_Mark("clear"))
-
-    async def wait_for_room(self) -> None:
-        while self.backlog_s > self.config.max_backlog_s and not self.failed:
-            await self._progress.wait()
-
-    def _push(self, item) -> None:
-        self._incoming.append(item)
-        self._ready.set()
-
-    def _signal_progress(self) -> None:
-        self._progress.set()
-        self._progress = trio.Event()
 
     # -- tasks ----------------------------------------------------------------------------------------
 

@@ -159,7 +159,34 @@ class _Mark:
     final: bool = False
 
 
-class LiveTranscriber:
+class QueuedInput:
+    """The recognisers' shared front (this module's LiveTranscriber, rill.speech.causal_live's): audio and
+    marks queue in `_incoming` for the recogniser's own task, and a client waits for room while the backlog
+    is past `config.max_backlog_s`. A subclass sets `_incoming`, `_ready`, `_progress`, `failed` and `config`,
+    and says what `backlog_s` is."""
+
+    def commit(self, final: bool = False) -> None:
+        """The turn ends here (manual commit): its segment closes and its transcript completes."""
+        self._push(_Mark("commit", final))
+
+    def clear(self) -> None:
+        """Forget the audio not yet transcribed and the turn so far."""
+        self._push(_Mark("clear"))
+
+    async def wait_for_room(self) -> None:
+        while self.backlog_s > self.config.max_backlog_s and not self.failed:
+            await self._progress.wait()
+
+    def _push(self, item) -> None:
+        self._incoming.append(item)
+        self._ready.set()
+
+    def _signal_progress(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+
+class LiveTranscriber(QueuedInput):
     """One live stream's recogniser; `run` it in a nursery, feed it from the trio thread."""
 
     def __init__(self, speech, config: LiveConfig, emit: Callable[[LiveEvent], None],
@@ -219,26 +246,6 @@ class LiveTranscriber:
         self._push(np.asarray(samples, dtype=np.float32))
         self._num_incoming += len(samples)
         self.num_samples += len(samples)
-
-    def commit(self, final: bool = False) -> None:
-        """The turn ends here (manual commit): its segment closes and its transcript completes."""
-        self._push(_Mark("commit", final))
-
-    def clear(self) -> None:
-        """Forget the audio not yet transcribed and the turn so far."""
-        self._push(_Mark("clear"))
-
-    async def wait_for_room(self) -> None:
-        while self.backlog_s > self.config.max_backlog_s and not self.failed:
-            await self._progress.wait()
-
-    def _push(self, item) -> None:
-        self._incoming.append(item)
-        self._ready.set()
-
-    def _signal_progress(self) -> None:
-        self._progress.set()
-        self._progress = trio.Event()
 
     # -- tasks --------------------------------------------------------------------------------------
 
