@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from helpers_kyutai import synthetic_audio as kyutai_signal
+
 SAMPLE_RATE = 16_000
 FRAME = 1280  # samples per 80 ms frame
 DECODER_STD = 0.3
@@ -102,13 +104,8 @@ def _str(piece: bytes) -> str | None:
 
 
 def synthetic_audio(seconds: float, seed: int = 0, rate: int = SAMPLE_RATE) -> np.ndarray:
-    """A deterministic float32 signal (chirp + noise + a pause), not silence."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * rate)) / rate
-    freq = 150 + 400 * rng.random() + 120 * np.sin(2 * np.pi * (0.3 + rng.random()) * t)
-    signal = 0.4 * np.sin(2 * np.pi * np.cumsum(freq) / rate) + 0.1 * rng.standard_normal(t.shape)
-    signal[(t > seconds * 0.4) & (t < seconds * 0.55)] *= 0.01
-    return signal.astype(np.float32)
+    """helpers_kyutai's test signal (chirp + noise + a pause), at Voxtral's 16 kHz unless told."""
+    return kyutai_signal(seconds, seed, rate)
 
 
 @lru_cache(maxsize=8)
