@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from rill.tiny_causal import model as M
 from rill.tiny_causal import targets, timings, vocab as V
-from rill.tiny_speech import synth
+from rill.tiny_speech import augment, synth
 
 DEFAULT_OUT = Path("runs/rill-tiny-causal")
 MAX_SAMPLES = 6 * synth.SAMPLE_RATE
@@ -61,16 +61,27 @@ def lr_at(step: int, args) -> float:
     return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
 
 
-def batch(data: timings.TimedClips, index: np.ndarray, vocab: V.Vocab, extractor, delay: int, rng) -> dict:
+def presentation(audio: np.ndarray, ends: list[int], rng, clean_share: float) -> tuple[np.ndarray, list[int]]:
+    """One presentation of a clip, as rill-tiny-speech's recipe varies them (rill.tiny_speech.augment): a
+    lead of silence (up to MAX_OFFSET_S), which moves every word's end by as much, then a random filter and
+    noise (all but `clean_share` of presentations) and a gain; none of these moves a word."""
+    lead = int(rng.uniform(0, augment.MAX_OFFSET_S * synth.SAMPLE_RATE))
+    audio = np.concatenate([np.zeros(lead, np.float32), audio])
+    return augment.augment(audio, rng, len(audio), clean_share), [e + lead for e in ends]
+
+
+def batch(data: timings.TimedClips, index: np.ndarray, vocab: V.Vocab, extractor, delay: int, rng,
+          clean_share: float = augment.CLEAN_SHARE) -> dict:
     """Features, the teacher-forced streams and their loss weights for clips `index`."""
-    audios = []
-    for i in index:  # the recipe's variety, lightly: a gain and a little noise (offsets would move the timings)
-        a = data.clips.audio(int(i)) * np.float32(10 ** (rng.uniform(-12, 3) / 20))
-        audios.append(a + rng.normal(0, rng.uniform(0, 0.01), a.shape).astype(np.float32))
+    audios, ends = [], []
+    for i in index:
+        a, e = presentation(data.clips.audio(int(i)), data.ends[int(i)], rng, clean_share)
+        audios.append(a)
+        ends.append(e)
     padded, frames = M.padded_batch(audios, delay, N_LEFT)
     streams = []
-    for i, a in zip(index, audios):
-        s = targets.token_stream(vocab, data.groups[int(i)], data.ends[int(i)], len(a), delay, N_LEFT)
+    for i, a, e in zip(index, audios, ends):
+        s = targets.token_stream(vocab, data.groups[int(i)], e, len(a), delay, N_LEFT)
         streams.append((s + [V.PAD] * frames)[:frames])
     ids = torch.tensor(streams)
     features = extractor(list(padded), sampling_rate=synth.SAMPLE_RATE, return_tensors="pt").input_features
