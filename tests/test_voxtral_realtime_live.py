@@ -83,6 +83,46 @@ def test_live_streams_batched_together_equal_each_alone(runtime):
         assert got[str(i)] == alone(runtime, audio)[0]
 
 
+def test_batched_encoder_rows_of_irregular_pieces_equal_each_alone(runtime):
+    """Four streams fed pieces of irregular sizes (so each worker step brings each row a different number
+    of encoder positions), of different lengths; one joins after the others have run a while, one ends
+    mid-way and a fifth is aborted: each stream's tokens are the stream's alone."""
+    rng = np.random.default_rng(7)
+    audios = {str(i): synthetic_audio(s, seed=60 + i) for i, s in enumerate((2.3, 1.1, 3.0, 1.7))}
+    live = LiveStreams(VoxtralCausal(runtime), max_frames=4)
+    got = {name: [] for name in [*audios, "gone"]}
+    sent = dict.fromkeys(audios, 0)
+    for name in ("0", "1", "2", "gone"):
+        live.open(name, RATE)
+    for k in range(400):
+        if k == 12:
+            live.open("3", RATE)  # joins while the others are mid-stream
+        if k == 9:
+            assert live.abort("gone")
+        for name, audio in audios.items():
+            if name == "3" and k < 12 or sent[name] >= audio.size:
+                continue
+            size = int(rng.integers(37, 4000))
+            live.feed(name, audio[sent[name] : sent[name] + size])
+            sent[name] += size
+            if sent[name] >= audio.size:
+                live.end(name)  # "1" ends while the others still stream
+        if k < 9:
+            live.feed("gone", audios["0"][k * 1500 : (k + 1) * 1500])
+        if rng.random() < 0.6:
+            for delta in live.step():
+                got[delta.request_id] += delta.token_ids
+        if all(sent[n] >= a.size for n, a in audios.items()) and not live.has_work():
+            break
+    while live.has_work():
+        for delta in live.step():
+            got[delta.request_id] += delta.token_ids
+    assert live.num_live == 0
+    assert live.model.max_encoder_rows >= 3  # the encoder passes were batched
+    for name, audio in audios.items():
+        assert got[name] == alone(runtime, audio)[0], name
+
+
 def test_a_long_live_stream_holds_the_same_state(runtime):
     live = LiveStreams(VoxtralCausal(runtime))
     live.open("s", RATE)

@@ -33,9 +33,12 @@ class LayerKV:
 
 @dataclass
 class RowsKV:
-    """Several streams' caches of one layer, stepped as one batch (row b is `rows[b]`, lengths may differ)."""
+    """Several streams' caches of one layer, stepped as one batch (row b is `rows[b]`, lengths may differ).
+    `lengths`: how many of the T new positions are row b's own (the rest right padding, never cached;
+    a causal query never sees a later key, so a row's own positions do not see its padding). None: all T."""
 
     rows: list[LayerKV]
+    lengths: list[int] | None = None
 
 
 class Rotary(nn.Module):
@@ -120,9 +123,11 @@ class SelfAttention(nn.Module):
             k = torch.cat([torch.cat([_left_pad(row.k, longest, k) for row in cache.rows]), k], dim=2)
             v = torch.cat([torch.cat([_left_pad(row.v, longest, v) for row in cache.rows]), v], dim=2)
         keep = window - 1  # what each row's next query can still see
+        lengths = cache.lengths or [num_queries] * len(past)
         for b, row in enumerate(cache.rows):
-            start = max(longest - past[b], k.shape[2] - keep)
-            row.k, row.v = k[b:b + 1, :, start:].clone(), v[b:b + 1, :, start:].clone()
+            end = longest + lengths[b]
+            start = max(longest - past[b], end - keep)
+            row.k, row.v = k[b:b + 1, :, start:end].clone(), v[b:b + 1, :, start:end].clone()
         rep = self.num_heads // self.num_kv_heads
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rill.speech.kyutai.attention import LayerKV, Rotary, SelfAttention
+from rill.speech.kyutai.attention import LayerKV, Rotary, RowsKV, SelfAttention
 from rill.speech.kyutai.decoder import RMSNorm
 from rill.speech.voxtral_realtime.config import LayerStack, VoxtralSpec
 
@@ -108,16 +108,55 @@ class AudioTower(nn.Module):
     @torch.inference_mode()
     def stream(self, mel: torch.Tensor, state: EncoderState) -> torch.Tensor:
         """mel [B, n_mels, T] -> [B, F, factor * D]: the 80 ms frames completed (F may be 0)."""
+        return self._frames(self._layers(self._embed(mel, state), state), state)
+
+    @torch.inference_mode()
+    def stream_rows(self, mels: list[torch.Tensor], states: list[EncoderState]) -> list[torch.Tensor]:
+        """Several streams' new mel frames ([1, n_mels, T_b] each, T_b may differ) -> each stream's
+        completed frames [1, F_b, factor * D], what `stream` gives it alone.
+
+        The convolutions run row by row (a stride-2 convolution's phase is each row's own, and they are
+        a small share of the work); the layers run once for all rows: each row's new positions right-padded
+        to the longest, every row at its own rotary position with its own sliding-window cache (RowsKV).
+        Padding rather than grouping by length: a live step gives each stream what arrived since the last
+        (bounded by max_frames), so lengths differ by a few positions and one forward wastes little, where
+        groups would split a step into many small forwards exactly when clients send irregular pieces."""
+        xs = [self._embed(mel, state) for mel, state in zip(mels, states)]
+        rows = [b for b, x in enumerate(xs) if x.shape[1]]
+        if len(rows) > 1:
+            lengths = [xs[b].shape[1] for b in rows]
+            longest = max(lengths)
+            x = torch.cat([F.pad(xs[b], (0, 0, 0, longest - xs[b].shape[1])) for b in rows])
+            rope = self.rotary.cos_sin_rows([states[b].num_positions for b in rows], longest, x.dtype)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, rope, RowsKV([states[b].layers[i] for b in rows], lengths))
+            x = self.norm(x)
+            for j, b in enumerate(rows):
+                xs[b] = x[j : j + 1, : lengths[j]]
+                states[b].num_positions += lengths[j]
+        elif rows:
+            xs[rows[0]] = self._layers(xs[rows[0]], states[rows[0]])
+        return [self._frames(x, state) for x, state in zip(xs, states)]
+
+    def _embed(self, mel: torch.Tensor, state: EncoderState) -> torch.Tensor:
+        """The two causal convolutions: mel [B, n_mels, T] -> [B, T', D] new encoder positions."""
         mel = mel.to(self.norm.weight.dtype)
         h, state.conv1 = self.embedder.conv1.stream(mel, state.conv1)
         h, state.conv2 = self.embedder.conv2.stream(F.gelu(h), state.conv2)
-        x = F.gelu(h).transpose(1, 2)  # [B, T', D]
+        return F.gelu(h).transpose(1, 2)
+
+    def _layers(self, x: torch.Tensor, state: EncoderState) -> torch.Tensor:
+        """One stream's new positions [B, T', D] through the layers and the final norm."""
         if x.shape[1]:
             rope = self.rotary.cos_sin(state.num_positions, x.shape[1], x.dtype)
             for layer, cache in zip(self.layers, state.layers):
                 x = layer(x, rope, cache)
             state.num_positions += x.shape[1]
             x = self.norm(x)
+        return x
+
+    def _frames(self, x: torch.Tensor, state: EncoderState) -> torch.Tensor:
+        """Encoder positions -> the 80 ms frames they complete; fewer than `factor` wait for the next."""
         if state.waiting is not None:
             x = torch.cat([state.waiting, x], dim=1)
         whole = x.shape[1] - x.shape[1] % self.factor

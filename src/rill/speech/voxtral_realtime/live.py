@@ -2,8 +2,9 @@
 Mode A/B audio chunks run VoxtralStreams there, as Kyutai's do.
 
 Each worker step takes every live stream's next `max_frames` frames of queued audio through the front end
-and the encoder (stream by stream) and runs its prompt's positions (alone: their tokens are known, several
-at once); then the decoder positions past the prompt of all streams run together, one position per stream
+(stream by stream), then the encoder layers and the projector of all streams as one batch (each row its own
+convolution, rotary position and sliding-window caches: AudioTower.stream_rows), and runs each stream's
+prompt positions (alone: their tokens are known, several at once); then the decoder positions past the prompt of all streams run together, one position per stream
 per forward (rill.speech.kyutai.attention's RowsKV: each row its own sliding-window cache), until no stream
 has a frame left. Each row computes what the stream computes alone (tests/test_voxtral_realtime_live.py
 pins the tokens).
@@ -32,17 +33,40 @@ class VoxtralCausal:
         self.info = CausalInfo(frame_s, audio.num_left_pad_tokens * frame_s,
                                audio.num_delay_tokens(delay_ms) * frame_s, VOXTRAL_LANGUAGES)
         self.max_rows = 0  # the most streams one decoder forward has run together
+        self.max_encoder_rows = 0  # ... and one encoder forward
+        self.batch_encoder = True  # False: each stream's encoder pass alone (the comparison's "before")
 
     def open_stream(self, input_rate: int) -> VoxtralStream:
         return VoxtralStream(self.runtime, input_rate, delay_ms=self.delay_ms)
 
     def step(self, streams: list[VoxtralStream], max_frames: int) -> None:
-        for stream in streams:
-            stream.prepare(max_frames)
+        if self.batch_encoder:
+            self._encode([(s, s.take_mel(max_frames)) for s in streams])
+            for stream in streams:
+                stream.run_prompt()
+        else:  # each stream's encoder alone (for comparison: benchmarks/voxtral-live-streams.py)
+            for stream in streams:
+                stream.prepare(max_frames)
         while rows := [s for s in streams if s.wants_step]:
             self._decode(rows)
         for stream in streams:
             stream.settle()
+
+    def _encode(self, mels: list[tuple[VoxtralStream, torch.Tensor | None]]) -> None:
+        """The streams' new mel frames through the encoder as one batch, then the projector as one."""
+        rows = [(s, mel) for s, mel in mels if mel is not None]
+        if not rows:
+            return
+        model = self.runtime.model
+        self.max_encoder_rows = max(self.max_encoder_rows, len(rows))
+        frames = model.audio_tower.stream_rows([mel for _, mel in rows], [s.encoder_state for s, _ in rows])
+        counts = [f.shape[1] for f in frames]
+        if not sum(counts):
+            return
+        with torch.inference_mode():
+            projected = model.multi_modal_projector(torch.cat(frames, dim=1))
+        for (stream, _), part in zip(rows, projected.split(counts, dim=1)):
+            stream.take_encoded(part, projected=True)
 
     def _decode(self, rows: list[VoxtralStream]) -> None:
         model, device = self.runtime.model, self.runtime.device

@@ -149,18 +149,45 @@ class VoxtralStream:
     def prepare(self, max_frames: int | None = None) -> None:
         """Take up to `max_frames` frames of queued audio through the front end and the encoder, and run
         the prompt's positions their frames allow (alone: their tokens are known, several at once)."""
+        mel = self.take_mel(max_frames)
+        if mel is not None:
+            self.take_encoded(self.runtime.model.audio_tower.stream(mel, self._encoder))
+        self.run_prompt()
+
+    # prepare's three parts, apart so that VoxtralCausal runs the encoder of several streams as one batch
+
+    def take_mel(self, max_frames: int | None = None) -> torch.Tensor | None:
+        """Up to `max_frames` frames of queued audio through the front end: log-mel frames [1, n_mels, T]
+        for the encoder (`encoder_state`), or None when none is complete."""
         if self.finished:
-            return
+            return None
         size = self._queue.size if max_frames is None else max_frames * self.runtime.audio.frame_samples
         samples, self._queue = self._queue[:size], self._queue[size:]
         self._final = self.ended and not self._queue.size
         if self.at_eos:
-            return
-        for mel in [self._mel.push(samples)] + ([self._mel.finish()] if self._final else []):
-            if mel is not None:
-                self._encode(mel)
+            return None
+        mels = [self._mel.push(samples)] + ([self._mel.finish()] if self._final else [])
         if self._final:  # generate() runs every position but the last frame's
             self._limit = self._mel.num_samples // self.runtime.audio.frame_samples - 1
+        mels = [m for m in mels if m is not None]
+        return torch.cat(mels, dim=1)[None] if mels else None
+
+    @property
+    def encoder_state(self):
+        return self._encoder
+
+    def take_encoded(self, frames: torch.Tensor, projected: bool = False) -> None:
+        """The encoder's completed frames [1, F, factor * D_enc] (or already projected, [1, F, D])."""
+        if frames.shape[1]:
+            if not projected:
+                with torch.inference_mode():
+                    frames = self.runtime.model.multi_modal_projector(frames)
+            self._frames = torch.cat([self._frames, frames.float()], dim=1)
+
+    def run_prompt(self) -> None:
+        """The prompt's positions that the frames so far allow (their tokens are known: several at once)."""
+        if self.finished or self.at_eos:
+            return
         start, num_prompt = self.num_positions, len(self.prompt)
         count = min(self._frames.shape[1], num_prompt - start, self._room)
         if count > 0:
@@ -213,13 +240,6 @@ class VoxtralStream:
         tokens, pieces = self._new_tokens, self._new_pieces
         self._new_tokens, self._new_pieces = [], []
         return StreamDelta(tokens, "".join(pieces), pieces)
-
-    def _encode(self, mel: torch.Tensor) -> None:
-        model = self.runtime.model
-        frames = model.audio_tower.stream(mel[None], self._encoder)  # [1, F, 4 * D_enc]
-        if frames.shape[1]:
-            with torch.inference_mode():
-                self._frames = torch.cat([self._frames, model.multi_modal_projector(frames).float()], dim=1)
 
     def _run(self, ids: list[int], count: int) -> torch.Tensor:
         audio, self._frames = self._frames[:, :count], self._frames[:, count:]
