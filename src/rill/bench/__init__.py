@@ -17,6 +17,7 @@
     rill bench live-video       frames streamed over /v1/realtime, a question at the end: first token vs. whole clip
     rill bench cpu-attention    one layer's CPU decode attention: rill's C kernel vs the torch reference
     rill bench cpu-linear       float32 linear layers on the CPU: rill's C kernel vs oneDNN, decode and prefill rows
+    rill bench roofline         engine decode and prefill steps as a % of the device's bandwidth and FLOP floors
 
 Speed targets are reported here, never asserted in tests.
 """
@@ -53,6 +54,7 @@ COMMANDS = {
                       "and the time to read the KV once"),
     "cpu-linear": ("cpu_linear", "float32 linear layers on the CPU at decode and prefill rows: the C kernel vs "
                    "oneDNN's packed GEMM, and the time to read the weights once"),
+    "roofline": ("roofline", "engine decode steps and prefill against the device's copy-bandwidth and matmul floors"),
 }
 
 
