@@ -5,6 +5,7 @@ random weights mean nothing; the test pins that every measurement is there and s
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -30,7 +31,7 @@ def test_bench_voice_writes_every_measurement(tmp_path):
     first = result["first_token_ms"]
     assert first["manual_commit"] > 0 and first["baseline_transcribe_then_chat"] > 0
     assert first["server_vad"] > result["config"]["silence_ms"]  # the VAD waits for its silence first
-    assert [s["streams"] for s in result["concurrency"]] == [1, 2]
+    assert _swept(result["concurrency"], [1, 2])
     assert len(result["turns"]) == 2 and all("lags_s" in t for t in result["turns"])
     # answers spoken by each voice (the default, a random Kokoro), and the transcribe-chat-speak cascade
     assert list(result["spoken_answer"]) == ["espeak", "kokoro"]
@@ -53,3 +54,50 @@ def test_bench_voice_spoken_only_measures_the_spoken_half_alone(tmp_path):
     spoken = result["spoken_answer"]["espeak"]
     assert [s["sessions"] for s in spoken["sessions"]] == [1, 2]
     assert all(s["unfinished"] == 0 and s["n"] >= 2 for s in spoken["sessions"])  # every answer ended in time
+
+
+def test_bench_voice_compares_a_causal_model_with_the_whisper_path(tmp_path):
+    """`--speech-model whisper,causal`: one block per model on the same clips, each with its figures."""
+    from rill.tiny_causal import model as M
+    from rill.tiny_causal.vocab import Vocab, word_pieces
+
+    llm = make_model_dir(tmp_path / "llm", "mistral")
+    whisper = make_whisper_dir(tmp_path / "whisper", multilingual=False, max_source_positions=250,
+                               max_target_positions=64)
+    vocab = Vocab(word_pieces(256))
+    causal = M.save(tmp_path / "causal", *M.create(vocab, "test"), vocab, delay_ms=480, n_left=2)  # random weights
+    out = tmp_path / "voice.json"
+    assert bench_main(["voice", "--llm", str(llm), "--speech-model", f"{whisper},{causal}", "--n", "2",
+                       "--streams", "1,2", "--max-tokens", "4", "--threads", "1", "--json", str(out),
+                       "--spoken-sessions", "", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert result["config"]["causal"] == [False, True]
+    assert result["config"]["clip_bound_s"] == 5.0  # the Whisper's window bounds both models' clips
+    blocks = result["models"]
+    assert [b["speech_model"] for b in blocks] == [str(whisper), str(causal)]
+    assert result["first_token_ms"] == blocks[0]["first_token_ms"]  # the first model's figures stay on top
+    for block in blocks:
+        assert 0 <= block["exact_transcripts"] <= 1 and len(block["turns"]) == 2
+        # a commit always ends its turn with a final transcript, and the whole recording always transcribes
+        assert block["commit_to_final_ms"]["n"] == 2 and block["whole_recording_ms"]["n"] == 2
+        assert 0 < block["commit_to_final_ms"]["p50"] < 60_000 and 0 < block["whole_recording_ms"]["p50"] < 60_000
+        assert math.isfinite(block["commit_vs_whole"]) and block["commit_vs_whole"] > 0
+        assert _swept(block["concurrency"], [1, 2])
+        for s in block["concurrency"]:
+            assert s["final_after_vad_end_ms"]["n"] + s["unfinished"] == 3 * s["streams"]  # every turn counted
+    assert "causal" in result["targets"] and result["spoken_answer"] is None
+    assert "(causal)" in bench_summary(result)
+
+
+def bench_summary(result: dict) -> str:
+    from rill.bench import voice
+
+    return voice.summary(result)
+
+
+def _swept(concurrency: list[dict], counts: list[int]) -> bool:
+    """The sweep ran the counts in order and stopped at the first that fell behind, if any."""
+    ran = [s["streams"] for s in concurrency]
+    behind = [s["keeps_up"] is False for s in concurrency]
+    return ran == counts[:len(ran)] and (ran == counts or behind[-1]) and not any(behind[:-1])
