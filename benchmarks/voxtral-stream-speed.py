@@ -68,23 +68,19 @@ def main() -> None:
     chunk = chunk_ms * 16
     stream = VoxtralStream(runtime)
     stream.feed(audio[:chunk])  # the first piece runs the prompt (32 frames of silence + the delay) at once
-    enc_s = dec_s = 0.0
-    encode, decode = stream._encode, stream._decode
+    enc_s = 0.0
+    prepare = stream.prepare  # the front end and the encoder (the prompt's positions are run already)
 
-    def timed_encode(mel):
+    def timed_prepare(limit=None):
         nonlocal enc_s
-        t = time.perf_counter(); encode(mel); enc_s += time.perf_counter() - t
+        t = time.perf_counter(); prepare(limit); enc_s += time.perf_counter() - t
 
-    def timed_decode(limit):
-        nonlocal dec_s
-        t = time.perf_counter(); out = decode(limit); dec_s += time.perf_counter() - t
-        return out
-
-    stream._encode, stream._decode = timed_encode, timed_decode
+    stream.prepare = timed_prepare
     start, positions = time.perf_counter(), stream.num_positions
     for i in range(chunk, audio.size, chunk):
         stream.feed(audio[i : i + chunk])
     wall = time.perf_counter() - start
+    dec_s = wall - enc_s  # the decoder's positions and the sampling
     frames = stream.num_positions - positions
     fed_s = (audio.size - chunk) / 16000
     spec = runtime.spec

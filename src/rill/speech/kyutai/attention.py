@@ -128,11 +128,10 @@ class SelfAttention(nn.Module):
             end = longest + lengths[b]
             start = max(longest - past[b], end - keep)
             row.k, row.v = k[b:b + 1, :, start:end].clone(), v[b:b + 1, :, start:end].clone()
-        rep = self.num_heads // self.num_kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         mask = rows_mask(num_queries, past, window, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # Grouped-query heads shared in place (no repeated copy of every row's keys and values).
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                              enable_gqa=self.num_heads != self.num_kv_heads)
 
 
 def _left_pad(cached: torch.Tensor | None, length: int, like: torch.Tensor) -> torch.Tensor:

@@ -50,12 +50,23 @@ class CausalConv(nn.Conv1d):
 
     def stream(self, x: torch.Tensor, pending: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, C, T] -> (outputs [B, C_out, k], the new pending)."""
+        cols, pending = self.windows(x, pending)
+        return self.apply_windows(cols).transpose(1, 2), pending
+
+    def windows(self, x: torch.Tensor, pending: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, C, T] -> (the input windows of the outputs it completes [B, k, C * kernel], the new pending).
+        A convolution as a matrix product over its windows: one product for several streams' windows
+        (whatever each one's stride phase), and on CPU much cheaper than conv1d on a few columns."""
         x = torch.cat([pending, x], dim=2)
         kernel, stride = self.kernel_size[0], self.stride[0]
         count = (x.shape[2] - kernel) // stride + 1 if x.shape[2] >= kernel else 0
-        out = super().forward(x[:, :, : (count - 1) * stride + kernel]) if count else x.new_zeros(
-            x.shape[0], self.out_channels, 0)
-        return out, x[:, :, count * stride :]
+        cols = x[:, :, : (count - 1) * stride + kernel].unfold(2, kernel, stride) if count else x.new_zeros(
+            x.shape[0], x.shape[1], 0, kernel)  # [B, C, k, kernel]
+        return cols.transpose(1, 2).flatten(2), x[:, :, count * stride :]
+
+    def apply_windows(self, cols: torch.Tensor) -> torch.Tensor:
+        """[..., C * kernel] windows -> [..., C_out] outputs."""
+        return F.linear(cols, self.weight.flatten(1), self.bias)
 
 
 class EncoderLayer(nn.Module):
@@ -121,7 +132,7 @@ class AudioTower(nn.Module):
         Padding rather than grouping by length: a live step gives each stream what arrived since the last
         (bounded by max_frames), so lengths differ by a few positions and one forward wastes little, where
         groups would split a step into many small forwards exactly when clients send irregular pieces."""
-        xs = [self._embed(mel, state) for mel, state in zip(mels, states)]
+        xs = self._embed_rows(mels, states)
         rows = [b for b, x in enumerate(xs) if x.shape[1]]
         if len(rows) > 1:
             lengths = [xs[b].shape[1] for b in rows]
@@ -137,6 +148,20 @@ class AudioTower(nn.Module):
         elif rows:
             xs[rows[0]] = self._layers(xs[rows[0]], states[rows[0]])
         return [self._frames(x, state) for x, state in zip(xs, states)]
+
+    def _embed_rows(self, mels: list[torch.Tensor], states: list[EncoderState]) -> list[torch.Tensor]:
+        """`_embed` of each row, each convolution one product over all rows' windows."""
+        xs = [mel.to(self.norm.weight.dtype) for mel in mels]
+        for name in ("conv1", "conv2"):
+            conv = getattr(self.embedder, name)
+            cols = []
+            for b, state in enumerate(states):
+                c, pending = conv.windows(xs[b], getattr(state, name))
+                setattr(state, name, pending)
+                cols.append(c[0])
+            out = F.gelu(conv.apply_windows(torch.cat(cols)))  # [sum k_b, C_out]
+            xs = [part.T[None] for part in out.split([c.shape[0] for c in cols])]  # [1, C_out, k_b] each
+        return [x.transpose(1, 2) for x in xs]
 
     def _embed(self, mel: torch.Tensor, state: EncoderState) -> torch.Tensor:
         """The two causal convolutions: mel [B, n_mels, T] -> [B, T', D] new encoder positions."""
