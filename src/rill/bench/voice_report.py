@@ -165,8 +165,13 @@ def _plot_times(ax, blocks: list[dict]) -> None:
     width = 0.8 / len(blocks)
     for k, block in enumerate(blocks):
         values = [get(block) or 0 for _, get in rows]
-        bars = ax.bar([i + k * width for i in range(len(rows))], values, width, color=f"C{k}", label=_label(block))
+        at = [i + k * width for i in range(len(rows))]
+        bars = ax.bar(at, values, width, color=f"C{k}", label=_label(block))
         ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=6)
+        # the target over each push-to-talk bar: 1/5 of its baseline (transcribe+chat; the whole recording)
+        ax.hlines([values[2] / 5, values[4] / 5], [at[1] - width / 2, at[3] - width / 2],
+                  [at[1] + width / 2, at[3] + width / 2], colors="black", linewidth=2,
+                  label="target: 1/5 of its baseline" if k == 0 else None)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [name for name, _ in rows], fontsize=7)
     ax.set_ylabel("ms from the end of speech (p50)")
     ax.legend(fontsize=7)
@@ -186,7 +191,7 @@ def _plot_streams(ax, blocks: list[dict]) -> None:
     if any(b["causal"] for b in blocks):
         ax.axhline(CAUSAL_TARGETS["lag_p50_ms"], color="black", linestyle=":", label="causal p50 target")
         ax.axhline(CAUSAL_TARGETS["lag_p95_ms"], color="black", linestyle="-.", label="causal p95 target")
-        ax.axvline(CAUSAL_TARGETS["streams"], color="black", linestyle=":", alpha=0.3)
+        ax.axvline(CAUSAL_TARGETS["streams"], color="black", linestyle=":", alpha=0.3, label="causal streams target")
     ax.set_xlabel("concurrent real-time streams (dotted: the first that falls behind)")
     ax.set_ylabel("transcript lag, ms")
     ax.legend(fontsize=6)
