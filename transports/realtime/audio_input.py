@@ -1,5 +1,9 @@
-"""Input audio for the realtime protocol: PCM16 mono, base64 on the wire, 16 kHz for the model
-(24 kHz input is low-passed and resampled), with caps per event and per connection.
+"""Input audio for the realtime protocol: PCM16 mono, base64 on the wire, with caps per event and per
+connection, resampled to 16 kHz for the recogniser's voice activity detector (and Whisper) by one
+streaming soxr resampler per connection: the pieces a client sends, whatever their sizes, give the
+samples the whole clip resampled at once gives (soxr holds back the few samples its filter still needs;
+a commit flushes them). A causal model that hears at the session's own rate (Kyutai's Mimi at 24 kHz
+in a GA session) also gets the samples as sent, not 24k -> 16k -> 24k.
 
 Where the audio goes: with a speech model served, to the connection's recogniser (its
 `SpeechLink`, rill.speech.live; see voice.py); otherwise to the loaded LLM's own audio front end
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import soxr
 
 from rill.transports.realtime.events import RealtimeError
 
@@ -23,7 +28,6 @@ MODEL_RATE_HZ = 16_000
 SUPPORTED_RATES_HZ = (16_000, 24_000)
 OPENAI_RATE_HZ = 24_000  # `audio/pcm` (GA) and `pcm16` (beta) in OpenAI's Realtime API
 VLLM_RATE_HZ = 16_000  # vLLM's realtime clients send 16 kHz without naming a format
-_LOWPASS_TAPS = 31
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class AudioLimits:
 class AudioFrontEnd(Protocol):
     """What a model that hears offers the realtime connection (none of rill's models yet)."""
 
-    def feed(self, samples_16k: np.ndarray) -> None: ...
+    def feed(self, samples_16k: np.ndarray, native: np.ndarray | None = None, rate_hz: int = MODEL_RATE_HZ) -> None:
+        """The audio at 16 kHz, and as the client sent it (`native`, at `rate_hz`), covering the same time."""
 
 
 def audio_front_end(model_config) -> AudioFrontEnd | None:
@@ -60,16 +65,10 @@ def decode_pcm16(audio_b64: str, max_samples: int) -> np.ndarray:
 
 
 def resample(samples: np.ndarray, from_hz: int, to_hz: int = MODEL_RATE_HZ) -> np.ndarray:
-    """Down-sample with a windowed-sinc low-pass below the new Nyquist, then linear interpolation."""
+    """A whole clip at once (a conversation item's input_audio): what the streamed pieces add up to."""
     if from_hz == to_hz or len(samples) == 0:
         return samples
-    cutoff = 0.45 * to_hz / from_hz  # in cycles per input sample, a little under the new Nyquist
-    n = np.arange(_LOWPASS_TAPS) - (_LOWPASS_TAPS - 1) / 2
-    taps = np.sinc(2 * cutoff * n) * np.hamming(_LOWPASS_TAPS)
-    filtered = np.convolve(samples, taps / taps.sum(), mode="same")
-    num_out = len(samples) * to_hz // from_hz
-    positions = np.arange(num_out) * (from_hz / to_hz)
-    return np.interp(positions, np.arange(len(samples)), filtered).astype(np.float32)
+    return soxr.resample(samples, from_hz, to_hz).astype(np.float32, copy=False)
 
 
 class AudioInput:
@@ -79,19 +78,40 @@ class AudioInput:
         self.front_end = front_end
         self.limits = limits or AudioLimits()
         self.num_samples_16k = 0  # everything accepted on this connection, at the model's rate
+        self._rate_hz = MODEL_RATE_HZ  # the rate the resampler takes (session.update may change it)
+        self._resampler: soxr.ResampleStream | None = None  # None at 16 kHz: nothing to do
 
     def append(self, audio_b64: str, rate_hz: int) -> None:
         samples = decode_pcm16(audio_b64, int(self.limits.max_event_s * rate_hz))
-        samples = resample(samples, rate_hz)
-        if self.num_samples_16k + len(samples) > self.limits.max_connection_s * MODEL_RATE_HZ:
+        num_16k = len(samples) * MODEL_RATE_HZ // rate_hz  # what the samples come to (soxr may hold some back)
+        if self.num_samples_16k + num_16k > self.limits.max_connection_s * MODEL_RATE_HZ:
             raise RealtimeError("audio_limit_reached", f"a connection sends at most {self.limits.max_connection_s:g} "
                                 "s of audio; open a new connection", "audio")
         self._check_front_end()
-        self.num_samples_16k += len(samples)
-        self.front_end.feed(samples)
+        self.num_samples_16k += num_16k
+        self.front_end.feed(self._to_16k(samples, rate_hz), samples, rate_hz)
 
     def commit(self) -> None:
+        """The end of a turn: the resampler's held-back samples go out, and the next audio starts afresh
+        (a commit ends the recogniser's stream too, so the next turn is a clip of its own)."""
         self._check_front_end()
+        if self._resampler is not None:
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            self._resampler.clear()
+            if tail.size:
+                self.front_end.feed(tail)
+
+    def clear(self) -> None:
+        """input_audio_buffer.clear: what the resampler holds is dropped with the rest of the buffer."""
+        if self._resampler is not None:
+            self._resampler.clear()
+
+    def _to_16k(self, samples: np.ndarray, rate_hz: int) -> np.ndarray:
+        if rate_hz != self._rate_hz:  # the session's format changed: a new stream (a few held samples lost)
+            self._rate_hz = rate_hz
+            self._resampler = None if rate_hz == MODEL_RATE_HZ else soxr.ResampleStream(
+                rate_hz, MODEL_RATE_HZ, 1, dtype="float32")
+        return samples if self._resampler is None else self._resampler.resample_chunk(samples)
 
     def _check_front_end(self) -> None:
         if self.front_end is None:

@@ -97,8 +97,13 @@ class LiveSpeechLink:
 
         self._nursery.start_soon(run)
 
-    def feed(self, samples_16k: np.ndarray) -> None:
-        self._live.feed(samples_16k)
+    def feed(self, samples_16k: np.ndarray, native: np.ndarray | None = None, rate_hz: int = 16_000) -> None:
+        """Whisper hears the 16 kHz copy; a causal recogniser gets the audio as sent too (its model may hear
+        at that rate: rill.speech.causal_live)."""
+        if isinstance(self._live, CausalLiveTranscriber):
+            self._live.feed(samples_16k, native, rate_hz)
+        else:
+            self._live.feed(samples_16k)
 
     def commit(self, final: bool) -> None:
         self._live.commit(final)

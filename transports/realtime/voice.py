@@ -49,7 +49,7 @@ class SpeechLink(Protocol):
     model_name: str
 
     def configure(self, config: LiveConfig) -> None: ...  # a new recogniser: audio not yet final is dropped
-    def feed(self, samples_16k: np.ndarray) -> None: ...
+    def feed(self, samples_16k: np.ndarray, native: np.ndarray | None = None, rate_hz: int = 16_000) -> None: ...
     def commit(self, final: bool) -> None: ...
     def clear(self) -> None: ...
     def transcribe(self, item_id: str, samples_16k: np.ndarray, config: LiveConfig) -> None: ...  # a whole recording
@@ -108,6 +108,7 @@ class VoiceInput:
         self.num_uncommitted_samples = 0
         self.num_pending_commits += 1
         self.item_id = self.item_id or new_id("item")
+        self.conn.audio.commit()  # the resampler's held-back samples join the turn
         self.link.commit(final)
 
     def transcribe_item(self, item: Item, previous_item_id: str | None) -> bool:
@@ -152,6 +153,7 @@ class VoiceInput:
         return True
 
     def clear(self) -> None:
+        self.conn.audio.clear()
         if self.link is not None:
             self.link.clear()
         self.num_uncommitted_samples = 0

@@ -36,6 +36,7 @@ class CausalInfo(msgspec.Struct, frozen=True):
     prefix_s: float
     delay_s: float
     languages: tuple[str, ...]
+    sample_rate: int = 16_000  # the rate the model hears: a live stream opened at it is not resampled
 
 
 class CausalStream(Protocol):

@@ -5,7 +5,9 @@
     live.feed(samples_16k); live.commit(); live.clear()      # non-blocking, in order
     await live.wait_for_room()                                # back-pressure for the audio's source
 
-The audio goes at once into one live stream of the speech worker (rill.speech.causal), which writes
+The audio goes at once into one live stream of the speech worker (rill.speech.causal), at the rate the
+client sent it when the model hears at that rate (`feed(samples_16k, native, rate_hz)`: Kyutai's 24 kHz
+in a GA session), else at 16 kHz; the voice activity detector always hears the 16 kHz copy. The stream writes
 each word once, the model's delay after it was spoken; `TranscriptDelta` carries whole words (a word
 is whole at the next pad or the next word's start), so the chat prompt gets words as typed text does.
 
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import soxr
 import trio
 
 from rill.errors import RillError
@@ -55,8 +58,9 @@ class _Live:
 
     handle: object  # LiveHandle
     start: int  # stream index (16 kHz) of its first sample
-    num_fed: int = 0  # samples fed, inserted silence included
-    num_inserted: int = 0  # silence fed at turn ends
+    rate: int = SAMPLE_RATE  # what the stream takes (the model's own rate, or 16 kHz)
+    num_fed: float = 0  # audio fed, inserted silence included, counted in 16 kHz samples
+    num_inserted: float = 0  # silence fed at turn ends (16 kHz samples)
     num_steps: int = 0  # the worker's steps of it read so far
     boundaries: deque[_Boundary] = field(default_factory=deque)
     final: bool | None = None  # set by the commit that ended it
@@ -75,6 +79,7 @@ class CausalLiveTranscriber(QueuedInput):
         pause_ms = min(config.pause_ms, CHECK_PAUSE_MS) if turn is not None and turn.is_semantic else config.pause_ms
         self._vad = VoiceActivity(turn, pause_ms) if turn is not None else None
         self._incoming: deque[np.ndarray | _Mark] = deque()
+        self._native: deque[tuple[np.ndarray, int] | None] = deque()  # beside each 16 kHz piece: as sent
         self._ready, self._progress = trio.Event(), trio.Event()
         self._send_live, self._recv_live = trio.open_memory_channel(math.inf)  # streams, read in order
         self._live: _Live | None = None  # the stream audio goes to now
@@ -99,9 +104,12 @@ class CausalLiveTranscriber(QueuedInput):
         lives = {id(live): live for live in (self._reading, self._live) if live is not None}
         return queued + sum(max(0.0, live.num_fed / SAMPLE_RATE - self._heard_s(live)) for live in lives.values())
 
-    def feed(self, samples: np.ndarray) -> None:
+    def feed(self, samples: np.ndarray, native: np.ndarray | None = None, rate_hz: int = SAMPLE_RATE) -> None:
+        """16 kHz samples (for the detector, and for the model unless it hears at `rate_hz`), and the same
+        audio as the client sent it (`native`, at `rate_hz`; None: a resampler's tail, 16 kHz only)."""
         samples = np.asarray(samples, dtype=np.float32)
         self.num_samples += len(samples)
+        self._native.append(None if native is None else (np.asarray(native, dtype=np.float32), rate_hz))
         self._push(samples)
 
     # -- tasks ----------------------------------------------------------------------------------------
@@ -135,21 +143,35 @@ class CausalLiveTranscriber(QueuedInput):
                 if isinstance(item, _Mark):
                     self._mark(item)
                 else:
-                    self._to_stream(item)
+                    self._to_stream(item, self._native.popleft())
                     if self._vad is not None:
                         events = await trio.to_thread.run_sync(self._vad.feed, item)
                         for event in events:
                             self._on_activity(event)
                 self._signal_progress()
 
-    def _to_stream(self, samples: np.ndarray) -> None:
+    def _to_stream(self, samples: np.ndarray, native: tuple[np.ndarray, int] | None) -> None:
         if self._live is None:
-            self._live = _Live(self.speech.open_live(SAMPLE_RATE), self._num_streamed)
+            rate = native[1] if native is not None and native[1] == self.info.sample_rate else SAMPLE_RATE
+            self._live = _Live(self.speech.open_live(rate), self._num_streamed, rate)
             self.num_streams += 1
             self._send_live.send_nowait(self._live)
-        self._live.handle.feed(samples)
-        self._live.num_fed += len(samples)
+        pcm = self._stream_audio(self._live.rate, samples, native)
+        if pcm.size:
+            self._live.handle.feed(pcm)
+            self._live.num_fed += len(pcm) * SAMPLE_RATE / self._live.rate
         self._num_streamed += len(samples)
+
+    @staticmethod
+    def _stream_audio(rate: int, samples: np.ndarray, native: tuple[np.ndarray, int] | None) -> np.ndarray:
+        """What a stream at `rate` takes of one piece: the 16 kHz samples, or the audio as sent."""
+        if rate == SAMPLE_RATE:
+            return samples
+        if native is None:  # the 16 kHz resampler's tail: the stream has had this audio as sent already
+            return samples[:0]
+        if native[1] == rate:
+            return native[0]
+        return soxr.resample(native[0], native[1], rate).astype(np.float32)  # the session's format changed
 
     def _mark(self, mark: _Mark) -> None:
         if mark.kind == "clear":
@@ -201,9 +223,10 @@ class CausalLiveTranscriber(QueuedInput):
         await trio.sleep(self.info.delay_s + FILL_AFTER_S)
         missing = needed - live.num_fed
         if missing > 0 and live is self._live:
-            live.handle.feed(np.zeros(missing, np.float32))
-            live.num_fed += missing
-            live.num_inserted += missing
+            count = math.ceil(missing * live.rate / SAMPLE_RATE)
+            live.handle.feed(np.zeros(count, np.float32))
+            live.num_fed += count * SAMPLE_RATE / live.rate
+            live.num_inserted += count * SAMPLE_RATE / live.rate
 
     # -- the model's words ----------------------------------------------------------------------------
 

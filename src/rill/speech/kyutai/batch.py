@@ -29,7 +29,8 @@ class KyutaiCausal:
     def __init__(self, runtime: KyutaiRuntime):
         self.runtime = runtime
         frame_s = runtime.frame_size / runtime.sampling_rate
-        self.info = CausalInfo(frame_s, runtime.padding.silence_prefix_s, runtime.padding.delay_s, KYUTAI_LANGUAGES)
+        self.info = CausalInfo(frame_s, runtime.padding.silence_prefix_s, runtime.padding.delay_s, KYUTAI_LANGUAGES,
+                               runtime.sampling_rate)
 
     def open_stream(self, input_rate: int) -> KyutaiStream:
         return KyutaiStream(self.runtime, input_rate)

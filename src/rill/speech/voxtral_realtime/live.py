@@ -31,7 +31,7 @@ class VoxtralCausal:
         frame_s = audio.frame_samples / audio.sampling_rate
         # Position p's token has heard the padded audio up to (p + 1) frames: the left padding is the prefix.
         self.info = CausalInfo(frame_s, audio.num_left_pad_tokens * frame_s,
-                               audio.num_delay_tokens(delay_ms) * frame_s, VOXTRAL_LANGUAGES)
+                               audio.num_delay_tokens(delay_ms) * frame_s, VOXTRAL_LANGUAGES, audio.sampling_rate)
         self.max_rows = 0  # the most streams one decoder forward has run together
         self.max_encoder_rows = 0  # ... and one encoder forward
         self.batch_encoder = True  # False: each stream's encoder pass alone (the comparison's "before")
