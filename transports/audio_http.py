@@ -147,7 +147,7 @@ async def transcriptions() -> Response:
         req, audio = await _read_request(speech)
         trace.audio_ready_s = time.monotonic()
         params = _params(req)
-        deltas = speech.engine.transcribe(audio, params, trace.request_id)
+        deltas = speech.engine.transcribe(audio, params, trace.request_id, speech.engine.input_rate)
         if req.stream:
             first = await _first(deltas)
             return _sse(_stream(first, deltas, trace))
@@ -180,16 +180,18 @@ async def _read_request(speech: SpeechServing) -> tuple[TranscriptionRequest, np
     if upload is None:
         raise ApiError(400, "send the recording as the multipart/form-data field 'file'", param="file",
                        code="missing_required_parameter")
-    audio = await trio.to_thread.run_sync(_decode, upload, speech.max_audio_bytes, limiter=speech.decode_limiter)
+    audio = await trio.to_thread.run_sync(_decode, upload, speech.max_audio_bytes, speech.engine.input_rate,
+                                          limiter=speech.decode_limiter)
     return req, audio
 
 
-def _decode(upload: FileStorage, max_audio_bytes: int) -> np.ndarray:
-    """Worker thread: the file's bytes (413 past the limit) decoded to 16 kHz mono float32."""
+def _decode(upload: FileStorage, max_audio_bytes: int, rate: int) -> np.ndarray:
+    """Worker thread: the file's bytes (413 past the limit) decoded to mono float32 at the rate the model
+    hears (16 kHz; Kyutai's 24 kHz), in one resample from the file's own rate."""
     data = upload.stream.read(max_audio_bytes + 1)
     if len(data) > max_audio_bytes:
         raise _too_large(max_audio_bytes)
-    return load_audio(data)
+    return load_audio(data, rate=rate)
 
 
 def _too_large(max_audio_bytes: int) -> ApiError:

@@ -29,6 +29,7 @@ import trio
 
 from rill.engine.outbox import Outbox
 from rill.errors import EngineDeadError, ModelLoadError, RillError, ValidationError
+from rill.speech.audio import SAMPLE_RATE
 from rill.speech.causal import EndLive, FeedLive, OpenLive
 from rill.speech.core import SpeechCore
 from rill.speech.decoding import SpeechDelta, TranscribeParams
@@ -50,8 +51,9 @@ def speech_model_available(name: str | Path) -> bool:
 # Messages into the worker: small frozen structs (STYLE.md principle 6).
 class AddSpeech(msgspec.Struct, frozen=True):
     request_id: str
-    audio: np.ndarray  # 16 kHz mono float32
+    audio: np.ndarray  # mono float32 at sample_rate
     params: TranscribeParams
+    sample_rate: int = SAMPLE_RATE
 
 
 class AbortSpeech(msgspec.Struct, frozen=True):
@@ -98,6 +100,12 @@ class AsyncSpeechEngine:
         """Requests the trio side is waiting on."""
         return len(self._streams)
 
+    @property
+    def input_rate(self) -> int:
+        """The rate the core hears whole recordings at (Kyutai STT: 24 kHz; Whisper, Voxtral: 16 kHz): an
+        upload decoded straight to it reaches the model without a second resample."""
+        return getattr(self.core, "input_rate", SAMPLE_RATE)
+
     def new_request_id(self) -> str:
         return f"speech-{next(self._ids)}"
 
@@ -106,16 +114,20 @@ class AsyncSpeechEngine:
         self._wake.set()
 
     async def transcribe(self, audio: np.ndarray, params: TranscribeParams | None = None,
-                         request_id: str | None = None) -> AsyncIterator[SpeechDelta]:
+                         request_id: str | None = None, sample_rate: int = SAMPLE_RATE) -> AsyncIterator[SpeechDelta]:
         """Deltas as the core decodes them; the last one carries `finished`. Leaving early, or being
-        cancelled (the client closed the connection), aborts the request in the core.
+        cancelled (the client closed the connection), aborts the request in the core. `audio` is mono
+        float32 at `sample_rate`: 16 kHz, or the core's own `input_rate`.
 
         Raises the core's own RillError when it refuses the request (a ValidationError is a 400 at the
         HTTP edge), EngineDeadError when the worker is dead or dies meanwhile, and RillError with the
         core's message when a delta reports an error."""
+        if sample_rate not in (SAMPLE_RATE, self.input_rate):
+            raise ValueError(f"{self.model_name} takes audio at {SAMPLE_RATE} or {self.input_rate} Hz, "
+                             f"not {sample_rate}")
         request_id = request_id or self.new_request_id()
         recv = self._open_stream(request_id)
-        self._send(AddSpeech(request_id, audio, params or TranscribeParams()))
+        self._send(AddSpeech(request_id, audio, params or TranscribeParams(), sample_rate))
         try:
             with recv:  # closed before the abort, with no checkpoint between
                 async for delta in recv:
@@ -223,8 +235,10 @@ class AsyncSpeechEngine:
         if isinstance(msg, AbortSpeech):
             self.core.abort(msg.request_id)
             return
+        # Only a core that hears at another rate takes one (Whisper's SpeechCore hears 16 kHz alone).
+        rate = {} if msg.sample_rate == SAMPLE_RATE else {"sample_rate": msg.sample_rate}
         try:
-            self.core.add_request(msg.request_id, msg.audio, msg.params)
+            self.core.add_request(msg.request_id, msg.audio, msg.params, **rate)
         except RillError as exc:  # a bad request fails alone (the core kept nothing of it); the engine goes on
             self._post([RequestRejected(msg.request_id, exc)])
 

@@ -1,4 +1,5 @@
-"""Audio in: encoded files and raw PCM16 to the 16 kHz mono float32 that Whisper-family models hear.
+"""Audio in: encoded files and raw PCM16 to the 16 kHz mono float32 that Whisper-family models hear, or
+to the rate another model hears (Kyutai STT: 24 kHz), resampled once from the file's own rate.
 
 Decoding is libsndfile's (through `soundfile`: WAV, FLAC, OGG/Vorbis/Opus, and MP3 where the linked
 libsndfile has it, 1.1 on), resampling is libsoxr's (through `soxr`). Nothing here parses a container
@@ -16,9 +17,9 @@ FLAC of 120 s of 192 kHz 8-channel silence decoded to 737 MB of float32 before t
 is a 400.
 
 `load_audio` decodes a file in pieces of `PIECE_FRAMES` frames, each mixed to mono and resampled to
-16 kHz as it is read (soxr's streaming resampler gives the same samples as one call over the whole),
-so what it holds is the 16 kHz result (at most 115 MB at 30 minutes) plus one piece, whatever the
-file's rate and channels. `decode_audio` keeps the file's own rate and channels for callers that
+16 kHz (or its `rate`) as it is read (soxr's streaming resampler gives the same samples as one call
+over the whole), so what it holds is the result (at most 115 MB at 30 minutes of 16 kHz) plus one
+piece, whatever the file's rate and channels. `decode_audio` keeps the file's own rate and channels for callers that
 want them, within the same caps.
 """
 
@@ -71,30 +72,34 @@ def decode_audio(data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS) -> tu
     return samples, sample_rate
 
 
-def decode_audio_16k(data: bytes, *, max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
-    """Decode an encoded file's bytes to 16 kHz mono float32 in pieces; returns (samples, the file's rate).
+def decode_mono(data: bytes, rate: int = SAMPLE_RATE, *,
+                max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
+    """Decode an encoded file's bytes to mono float32 at `rate` in pieces; returns (samples, the file's rate).
 
-    Each piece of PIECE_FRAMES frames is mixed to mono and resampled before the next is read, so the
-    file's full-rate, many-channel samples are never held at once (see the module's docstring).
+    Each piece of PIECE_FRAMES frames is mixed to mono and resampled straight from the file's rate to
+    `rate` (one soxr pass: a model that hears at 24 kHz gets a 44.1 kHz file's 8-12 kHz band, which a
+    stop at 16 kHz would drop) before the next is read, so the file's full-rate, many-channel samples
+    are never held at once (see the module's docstring).
     """
+    _check_rate(rate)
     if not data:
         raise AudioError("the audio file is empty")
     with _open(data) as sound:
         _check_header(sound, max_seconds)
-        pieces = list(_mono_16k_pieces(sound, max_seconds))
+        pieces = list(_mono_pieces(sound, max_seconds, rate))
         sample_rate = sound.samplerate
     mono = np.concatenate(pieces)
     if mono.size == 0:  # e.g. one frame at 48 kHz is a third of a sample at 16 kHz
-        raise AudioError(f"the audio is shorter than one sample at {SAMPLE_RATE} Hz")
+        raise AudioError(f"the audio is shorter than one sample at {rate} Hz")
     return mono, sample_rate
 
 
-def _mono_16k_pieces(sound: sf.SoundFile, max_seconds: float):
-    """16 kHz mono float32 arrays, one per piece read; the last is read short (or empty) at the end.
+def _mono_pieces(sound: sf.SoundFile, max_seconds: float, rate: int):
+    """Mono float32 arrays at `rate`, one per piece read; the last is read short (or empty) at the end.
     The caps are checked again as pieces arrive: some headers only estimate their frame count."""
     resampler = None
-    if sound.samplerate != SAMPLE_RATE:
-        resampler = soxr.ResampleStream(sound.samplerate, SAMPLE_RATE, 1, dtype="float32")
+    if sound.samplerate != rate:
+        resampler = soxr.ResampleStream(sound.samplerate, rate, 1, dtype="float32")
     max_frames = min(_max_frames(max_seconds, sound.samplerate), MAX_DECODED_SAMPLES // sound.channels)
     num_frames = 0
     while True:
@@ -128,16 +133,22 @@ def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
 
     Returns a C-contiguous 1-D float32 array.
     """
+    return to_mono(samples, sample_rate, SAMPLE_RATE)
+
+
+def to_mono(samples: np.ndarray, sample_rate: int, rate: int) -> np.ndarray:
+    """`to_mono_16k` to any `rate`: mono, resampled once from `sample_rate` with soxr."""
     _check_rate(sample_rate)
+    _check_rate(rate)
     if not isinstance(samples, np.ndarray) or samples.dtype.kind != "f":
         raise AudioError(f"audio samples must be a float numpy array, got {_describe(samples)}")
     _check_samples(samples)
     mono = samples if samples.ndim == 1 else samples.mean(axis=1)
     mono = np.ascontiguousarray(mono, dtype=np.float32)
-    if sample_rate != SAMPLE_RATE:
-        mono = soxr.resample(mono, sample_rate, SAMPLE_RATE)
+    if sample_rate != rate:
+        mono = soxr.resample(mono, sample_rate, rate)
         if mono.size == 0:  # e.g. one frame at 48 kHz is a third of a sample at 16 kHz
-            raise AudioError(f"the audio is shorter than one sample at {SAMPLE_RATE} Hz")
+            raise AudioError(f"the audio is shorter than one sample at {rate} Hz")
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
@@ -146,8 +157,9 @@ def load_audio(
     sample_rate: int | None = None,
     *,
     max_seconds: float = DEFAULT_MAX_SECONDS,
+    rate: int = SAMPLE_RATE,
 ) -> np.ndarray:
-    """Anything a user may hand over -> 16 kHz mono float32.
+    """Anything a user may hand over -> mono float32 at `rate` (16 kHz unless the model hears at another).
 
     `source` is a path, an encoded file's bytes, or a numpy array of float samples (or int16, scaled by
     1/32768) shaped (frames,) or (frames, channels). An array's rate is `sample_rate`, 16 kHz when None
@@ -155,11 +167,11 @@ def load_audio(
     the rate; a `sample_rate` that disagrees with it is an error rather than silently ignored.
     """
     if isinstance(source, np.ndarray):
-        return _load_array(source, SAMPLE_RATE if sample_rate is None else sample_rate, max_seconds)
+        return _load_array(source, SAMPLE_RATE if sample_rate is None else sample_rate, max_seconds, rate)
     if isinstance(source, (str, os.PathLike)):
         source = Path(source).read_bytes()
     if isinstance(source, (bytes, bytearray, memoryview)):
-        mono, file_rate = decode_audio_16k(bytes(source), max_seconds=max_seconds)
+        mono, file_rate = decode_mono(bytes(source), rate, max_seconds=max_seconds)
         if sample_rate is not None and sample_rate != file_rate:
             raise AudioError(
                 f"sample_rate={sample_rate} was given but the file says {file_rate} Hz; leave sample_rate unset "
@@ -168,7 +180,7 @@ def load_audio(
     raise AudioError(f"audio must be a path, the bytes of an audio file or a numpy array, got {_describe(source)}")
 
 
-def _load_array(samples: np.ndarray, sample_rate: int, max_seconds: float) -> np.ndarray:
+def _load_array(samples: np.ndarray, sample_rate: int, max_seconds: float, rate: int) -> np.ndarray:
     if samples.dtype == np.int16:
         samples = samples.astype(np.float32) / _PCM16_SCALE
     elif samples.dtype.kind != "f":
@@ -177,7 +189,7 @@ def _load_array(samples: np.ndarray, sample_rate: int, max_seconds: float) -> np
     _check_samples(samples)
     if len(samples) > _max_frames(max_seconds, sample_rate):
         raise _too_long(max_seconds)
-    return to_mono_16k(samples, sample_rate)
+    return to_mono(samples, sample_rate, rate)
 
 
 def _open(data: bytes) -> sf.SoundFile:

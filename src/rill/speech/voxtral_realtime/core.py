@@ -21,7 +21,8 @@ import torch
 from rill.errors import ValidationError
 from rill.speech.causal import LiveStreams
 from rill.speech.decoding import TranscribeParams
-from rill.speech.kyutai.core import INPUT_RATE, KyutaiCore, KyutaiRequest, _validate
+from rill.speech.audio import SAMPLE_RATE as INPUT_RATE
+from rill.speech.kyutai.core import KyutaiCore, KyutaiRequest, _validate
 from rill.speech.voxtral_realtime.live import VoxtralCausal
 from rill.speech.voxtral_realtime.loader import VoxtralRuntime, load_voxtral_realtime
 from rill.speech.voxtral_realtime.stream import VoxtralStream
@@ -44,12 +45,12 @@ class VoxtralCore(KyutaiCore):
         self.runtime = runtime
         self.model_name = runtime.name
         self.delay_ms = delay_ms
-        self.chunk_samples = int(chunk_s * INPUT_RATE)
-        self.segment_samples = int(segment_s * INPUT_RATE)
+        self.chunk_s, self.segment_s = chunk_s, segment_s
         self.requests: dict[str, KyutaiRequest] = {}
         self.live = LiveStreams(VoxtralCausal(runtime, delay_ms))
 
-    def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams) -> None:
+    def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams,
+                    sample_rate: int = INPUT_RATE) -> None:
         """Queue 16 kHz mono float32 audio; raises ValidationError (and keeps nothing) if it cannot run."""
         if request_id in self.requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
@@ -57,6 +58,10 @@ class VoxtralCore(KyutaiCore):
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim != 1:
             raise ValidationError(f"audio must be 1-D mono samples, got shape {audio.shape}", param="file")
+        if sample_rate != INPUT_RATE:
+            raise ValidationError(f"{self.model_name} takes audio at {INPUT_RATE} Hz, got {sample_rate} Hz",
+                                  param="sample_rate")
         stream = VoxtralStream(self.runtime, INPUT_RATE, delay_ms=self.delay_ms)
         # The model is told no language; the one asked for (if any) is reported back, as Kyutai's core does.
-        self.requests[request_id] = KyutaiRequest(request_id, audio, params.language or "en", stream)
+        self.requests[request_id] = KyutaiRequest(request_id, audio, params.language or "en", stream, INPUT_RATE,
+                                                  int(self.chunk_s * INPUT_RATE), int(self.segment_s * INPUT_RATE))
