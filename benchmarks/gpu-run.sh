@@ -14,6 +14,9 @@
 #   bash benchmarks/gpu-run.sh 11  the eager server's closed connections: before and after the compile fix (the
 #                                     kernels compiled while serving listed); py-spy on the graphs server at 256
 #   bash benchmarks/gpu-run.sh 12  256 clients from 1, 2 and 4 client processes (graphs), and eager from 4
+#   bash benchmarks/gpu-run.sh 13  issue 55: rill bench roofline (graphs, batch 64/256), the families never run on
+#                                     CUDA + the kernel tests, prefill attention vs flash SDPA, then eager and batch 1
+#                                     (RILL_GPU_DRY=1 runs its steps on a CPU at tiny shapes: see the phase)
 #
 # The machine has torch, triton and transformers but not rill's other dependencies: they travel as
 # wheels in .whl/ (carry it; see /work/.library/device/README.md), and rill itself is copied into
@@ -51,11 +54,13 @@ finish() {
 }
 trap finish EXIT
 
+if [ -z "${RILL_GPU_DRY:-}" ]; then  # a dry run (phase 13 on a CPU) uses the checkout's own environment
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
 mkdir -p /tmp/site/rill && cp -r src/rill/. /tmp/site/rill/ && cp -r kernels/. /tmp/site/rill/kernels/ \
     && cp -r transports/. /tmp/site/rill/transports/
 export PYTHONPATH=/tmp/site
+fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
     python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
@@ -240,6 +245,42 @@ elif [ "$PHASE" = 12 ]; then
     for f in serve-graphs-p1 serve-graphs-p2 serve-graphs-p4 serve-eager-p4; do
         echo "$f" >>"$R/table.txt"; grep -E "^ +[0-9]+ +[0-9]+ " "$R/$f.log" >>"$R/table.txt"
     done
+elif [ "$PHASE" = 13 ]; then
+    # Issue 55, the most valuable figures first, within BUDGET (420 s: a 15-minute lease can run it twice).
+    # Wheels: benchmarks/gpu-wheels.txt (carry .whl). H200 times expected (model: 39-43 s in runs 11 and 12;
+    # the rest estimated): model 40 s beside the families 60-90 s; roofline-graphs 40-70 s; kernels 60-120 s;
+    # prefill-attn 15-30 s; roofline-eager 30-60 s; roofline-b1 15-30 s.
+    # RILL_GPU_DRY=1: the same steps on a CPU at tiny shapes (random-small, float32, no CUDA graphs, kernels
+    # through Triton's interpreter), to check the script where no GPU is lent.
+    RL=(python3 -m rill bench roofline --model random-qwen2-0.5b --no-progress)
+    FAMILIES_ENV=() SHRINK=() GRAPHS=(--cuda-graphs) PAR=(-n 4) KPAR=(-n 6)
+    if [ -n "${RILL_GPU_DRY:-}" ]; then
+        RL=(python3 -m rill bench roofline --model random-small --no-progress --device cpu --dtype float32)
+        SHRINK=(--batch-sizes 4,8 --contexts 64,128 --prefill-tokens 64,128 --steps 2 --warmup 1 --repeats 2
+                --copy-mb 16 --matmul-size 128 --profile-cells 1)
+        FAMILIES_ENV=(RILL_TEST_DEVICE=cpu TRITON_INTERPRET=1) GRAPHS=() PAR=() KPAR=(-x)
+        export TRITON_INTERPRET=1  # prefill-attention.py on the CPU
+    fi
+    step model 100 python3 -c "from rill.bench.common import make_random_model_dir as m; print(m('${RL[6]}'))" &
+    step families 120 env "${FAMILIES_ENV[@]}" RILL_GPU_REPORT="$R/families.jsonl" "${PYTEST[@]}" \
+        tests/test_cuda_families.py "${PAR[@]}" &
+    wait
+    # the engine against the roofline at serving's settings (CUDA graphs), the issue's batches, then prefill
+    step roofline-graphs 150 "${RL[@]}" "${GRAPHS[@]}" --batch-sizes 64,256 --contexts 1024,2048,4096,8192 \
+        --prefill-tokens 1024,4096,8192 --profile-cells 3 "${SHRINK[@]}" --json "$R/roofline-graphs.json"
+    step kernels 120 "${PYTEST[@]}" tests/test_kernels.py "${KPAR[@]}"
+    step prefill-attn 60 python3 benchmarks/prefill-attention.py --out "$R"
+    # the rest: eager (against graphs: the launch gaps) at 1/64/256, and batch 1 with graphs
+    step roofline-eager 100 "${RL[@]}" --batch-sizes 1,64,256 --contexts 1024,4096,8192 --prefill-tokens "" \
+        --profile-cells 2 "${SHRINK[@]}" --json "$R/roofline-eager.json"
+    step roofline-b1 60 "${RL[@]}" "${GRAPHS[@]}" --batch-sizes 1 --contexts 1024,2048,4096,8192 --prefill-tokens "" \
+        --profile-cells 1 "${SHRINK[@]}" --json "$R/roofline-b1.json"
+    : >"$R/table.txt"
+    for f in roofline-graphs roofline-eager roofline-b1; do
+        [ -f "$R/$f.log" ] && grep -v -e "^USDT" -e "^wrote" "$R/$f.log" | tail -n 22 >>"$R/table.txt"
+    done
+    [ -f "$R/prefill-attn.log" ] && grep -A12 "flash/ours" "$R/prefill-attn.log" >>"$R/table.txt"
+    for f in families kernels; do [ -f "$R/$f.log" ] && { echo "$f: $(tail -n 1 "$R/$f.log")"; } >>"$R/table.txt"; done
 elif [ "$PHASE" = 8 ]; then
     # the kernel sweeps alone (split heuristic, decode tiles, the 24 prefill tile configurations)
     step ksweep 120 python3 kernels/bench.py --out "$R"

@@ -25,7 +25,7 @@ def test_roofline_runs_on_the_cpu_and_reports_each_cell_against_its_floor(small_
     out = tmp_path / "roofline.json"
     argv = ["roofline", "--model", str(small_dir), "--device", "cpu", "--batch-sizes", "1,64", "--contexts", "16,40",
             "--prefill-tokens", "48", "--steps", "2", "--warmup", "0", "--repeats", "2", "--copy-mb", "8",
-            "--matmul-size", "64", "--profile-cells", "1", "--no-progress", "--json", str(out)]
+            "--matmul-size", "256", "--profile-cells", "1", "--no-progress", "--json", str(out)]
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert r["device"] == "cpu" and r["dtype"] == "float32" and r["copy"]["bytes_per_s"] > 0
@@ -34,14 +34,18 @@ def test_roofline_runs_on_the_cpu_and_reports_each_cell_against_its_floor(small_
     assert r["params"] == unpacked["params"]
     for d in r["decode"]:
         assert d["weight_bytes"] == parts.weight_bytes(unpacked, d["batch"])
-        assert d["floor_s"] == pytest.approx((d["weight_bytes"] + d["kv_bytes"]) / r["copy"]["bytes_per_s"])
+        assert d["bandwidth_floor_s"] == pytest.approx((d["weight_bytes"] + d["kv_bytes"]) / r["copy"]["bytes_per_s"])
+        assert d["flop_floor_s"] == pytest.approx(d["flops"] / r["matmul"]["flop_per_s"])
+        assert d["floor_s"] == max(d["bandwidth_floor_s"], d["flop_floor_s"])
         assert d["pct_of_floor"] == pytest.approx(100 * d["floor_s"] / d["median_s"])
     (p,) = r["prefill"]
     assert p["tokens"] == 48 and p["floor_s"] == pytest.approx(p["flops"]["total"] / r["matmul"]["flop_per_s"])
-    # a model this small is all overhead: every decode cell misses, and a batch-64 cell is profiled first (the
-    # prefill's verdict depends on how slow a 64 x 64 product is here)
-    assert r["targets"]["decode"]["met"] is False and r["targets"]["prefill"]["met"] in (True, False)
-    assert [c["cell"][:2] for c in r["profiles"]] == [["decode", 64]]
+    # the verdicts follow the cells (which way they go depends on how this machine runs a 256 x 256 product)
+    worst = min(d["pct_of_floor"] for d in r["decode"] if d["batch"] >= 64)
+    assert r["targets"]["decode"]["met"] == (worst >= 70)
+    assert r["targets"]["prefill"]["met"] == (p["pct_of_floor"] >= 60)
+    if worst < 70:  # a missed batch-64 cell is profiled first
+        assert [c["cell"][:2] for c in r["profiles"]] == [["decode", 64]]
     assert all(c["top"] and 0 <= c["gap_share"] <= 1 for c in r["profiles"])
     assert out.with_suffix(".png").stat().st_size > 0
 
@@ -57,6 +61,7 @@ def test_the_floors_count_what_a_step_must_read_and_compute(small_dir):
     flops = parts.prefill_flops(counts, cfg, 10)
     assert flops["linear"] == 2 * 10 * matrices and flops["lm_head"] == 2 * v * h
     assert flops["attention"] == layers * 4 * 4 * 16 * 55  # 55 query-key pairs in a causal 10 x 10
+    assert parts.decode_flops(counts, cfg, 3, 100) == 3 * (2 * (matrices + v * h) + layers * 4 * 4 * 16 * 100)
     slid = SimpleNamespace(num_kv_heads=1, head_dim=1, dtype=torch.float32, layer_windows=(4, None))
     assert parts.kv_bytes(slid, 10) == (4 + 10) * 2 * 4  # the sliding layer reads its window only
 

@@ -4,7 +4,8 @@ First the two ceilings, measured on the device given: the copy bandwidth (a larg
 bytes read + written, best of --repeats) and the matrix rate at the model's dtype (a square product on
 random data). Then the engine's decode step (ModelRunner.execute: inputs prepared, decoder over the paged
 KV cache, greedy sampling to the host) at each --batch-sizes x --contexts cell, each sequence on blocks of
-its own, against its floor: (weight bytes + the batch's KV bytes, each read once) / copy bandwidth. And one
+its own, against its floor: (weight bytes + the batch's KV bytes, each read once) / copy bandwidth, or the
+step's FLOPs / matrix rate where that is larger (a CPU at batch 64; the JSON keeps both). And one
 sequence's prefill of each --prefill-tokens against its FLOP floor: (2 x matrix parameters x tokens +
 causal attention's FLOPs) / matrix rate. "% of floor" is floor / measured time: 100% is the limit.
 
@@ -65,6 +66,11 @@ def run(args) -> dict:
     torch.manual_seed(args.seed)
     copy = parts.copy_bandwidth(device, args.copy_mb or (4096 if cuda else 512), args.repeats)
     matmul = parts.matmul_rate(device, dtype, args.matmul_size or (8192 if cuda else 1024), args.repeats)
+    if not cuda and dtype != torch.float32:
+        # torch's bfloat16 product on a CPU without AMX runs far below the float32 one that rill's bfloat16
+        # C kernels reach (they widen to float32): the faster of the two is the machine's ceiling
+        f32 = parts.matmul_rate(device, torch.float32, matmul["size"], args.repeats)
+        matmul = max(matmul, f32, key=lambda m: m["flop_per_s"]) | {"at_" + matmul["dtype"]: matmul["flop_per_s"]}
     bw, rate = copy["bytes_per_s"], matmul["flop_per_s"]
 
     _, cfg, _, model = load(resolve_model(args.model, args.cache_dir, args.seed), dtype=dtype_name,
@@ -86,10 +92,15 @@ def run(args) -> dict:
         batch, seqs = parts.decode_batch(runner, b, c, cfg.vocab_size, rng)
         steps[("decode", b, c)] = step = lambda batch=batch, seqs=seqs: runner.execute(batch, seqs)
         t = parts.time_steps(step, device, args.warmup, args.steps)
-        w, kv = parts.weight_bytes(counts, b), b * parts.kv_bytes(cfg, c)
-        floor = (w + kv) / bw
-        decode.append({"batch": b, "context": c, **t, "weight_bytes": w, "kv_bytes": kv, "floor_s": floor,
-                       "pct_of_floor": 100 * floor / t["median_s"], "tokens_per_s": b / t["median_s"]})
+        w, kv, flops = parts.weight_bytes(counts, b), b * parts.kv_bytes(cfg, c), parts.decode_flops(counts, cfg, b, c)
+        # the larger of the two is the floor: bytes on a GPU; a CPU's matmul rate can bind first at batch 64
+        floor = max((w + kv) / bw, flops / rate)
+        decode.append({"batch": b, "context": c, **t, "weight_bytes": w, "kv_bytes": kv, "flops": flops,
+                       "bandwidth_floor_s": (w + kv) / bw, "flop_floor_s": flops / rate, "floor_s": floor,
+                       "bound": "bytes" if (w + kv) / bw >= flops / rate else "flops",
+                       "pct_of_floor": 100 * floor / t["median_s"],
+                       "pct_of_bandwidth_floor": 100 * (w + kv) / bw / t["median_s"],
+                       "tokens_per_s": b / t["median_s"]})
     prefill = []
     for n in progress(args.prefill_tokens, desc="prefill", disable=args.no_progress):
         batch, seqs = parts.prefill_batch(runner, n, cfg.vocab_size, rng)
@@ -141,10 +152,10 @@ def summary(r: dict) -> str:
              f"{r['dtype']}{', CUDA graphs' if r['cuda_graphs'] else ''}",
              f"  copy bandwidth {r['copy']['bytes_per_s'] / 1e9:.1f} GB/s (read + written); "
              f"matmul {r['matmul']['flop_per_s'] / 1e12:.2f} TFLOP/s at {r['matmul']['dtype']}",
-             f"  {'batch':>5} {'context':>7} {'step ms':>9} {'floor ms':>9} {'% floor':>8} {'tok/s':>10}"]
+             f"  {'batch':>5} {'context':>7} {'step ms':>9} {'floor ms':>9} {'% floor':>8} {'tok/s':>10} {'bound':>6}"]
     for d in r["decode"]:
         lines.append(f"  {d['batch']:>5} {d['context']:>7} {d['median_s'] * 1e3:>9.3f} {d['floor_s'] * 1e3:>9.3f} "
-                     f"{d['pct_of_floor']:>7.1f}% {d['tokens_per_s']:>10.0f}")
+                     f"{d['pct_of_floor']:>7.1f}% {d['tokens_per_s']:>10.0f} {d['bound']:>6}")
     for p in r["prefill"]:
         lines.append(f"  prefill {p['tokens']:>6} tokens {p['median_s'] * 1e3:>9.2f} ms, floor "
                      f"{p['floor_s'] * 1e3:.2f} ms: {p['pct_of_floor']:.1f}% of the FLOP floor")
@@ -175,7 +186,7 @@ def plot(r: dict, path) -> None:
                 ax.text(j, i, f"{v:.0f}%", ha="center", va="center", color="white" if v < 60 else "black")
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel("batch")
-        ax.set_title(f"decode: % of the bandwidth floor (target {DECODE_TARGET:.0f}%)")
+        ax.set_title(f"decode: % of the floor, bytes or FLOPs (target {DECODE_TARGET:.0f}%)")
         ax.figure.colorbar(im, ax=ax)
         ax = axes[1]
         tokens = [p["tokens"] for p in r["prefill"]]

@@ -43,7 +43,6 @@ def copy_bandwidth(device: torch.device, megabytes: int, repeats: int) -> dict:
     src = torch.empty(n, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
     seconds = best_seconds(lambda: dst.copy_(src), device, repeats)
-    del src, dst
     return {"bytes": 2 * n * 4, "seconds": seconds, "bytes_per_s": 2 * n * 4 / seconds}
 
 
@@ -95,6 +94,13 @@ def kv_bytes(cfg, context: int) -> int:
     return sum(min(context, w) if w else context for w in cfg.layer_windows) * per_token_layer
 
 
+def decode_flops(counts: dict, cfg, batch: int, context: int) -> int:
+    """FLOPs of a decode step: each sequence's new token through every matrix and the LM head, and its
+    query against `context` keys (a sliding layer's window)."""
+    keys = sum(min(context, w) if w else context for w in cfg.layer_windows)
+    return batch * (2 * (counts["matrix_params"] + counts["lm_head_params"]) + 4 * cfg.num_heads * cfg.head_dim * keys)
+
+
 def prefill_flops(counts: dict, cfg, tokens: int) -> dict:
     """FLOPs of one sequence's prefill of `tokens`: 2 x the matrix parameters x tokens (the LM head for
     the last row only, as the engine computes logits for it alone), plus causal attention (QK^T and PV
@@ -122,12 +128,14 @@ def _sequence(runner, name: str, index: int, ids: list[int], first_block: int) -
 
 def decode_batch(runner, batch: int, context: int, vocab: int, rng: random.Random) -> tuple[ScheduledBatch, list]:
     """`batch` sequences of `context` tokens on blocks of their own, each adding its last token: the
-    step the engine runs when every sequence decodes. Rerunning it rewrites the same slots."""
+    step the engine runs when every sequence decodes. Rerunning it rewrites the same slots. Only the
+    last token is read (the earlier ones are the random KV already in the cache): the rest repeat it,
+    which keeps 256 x 8192-token batches quick to make."""
     per = -(-context // runner.block_size)
     out = ScheduledBatch()
     seqs = []
     for i in range(batch):
-        seq = _sequence(runner, f"roofline-{i}", i, [rng.randrange(3, vocab) for _ in range(context)], i * per)
+        seq = _sequence(runner, f"roofline-{i}", i, [rng.randrange(3, vocab)] * context, i * per)
         seq.num_computed_tokens = context - 1
         out.add(seq, 1)
         seqs.append(seq)
