@@ -1,6 +1,7 @@
 """POST /v1/audio/transcriptions decodes an upload once, straight to the rate its model hears: Kyutai STT
 (24 kHz, its Mimi codec) gets a 24 kHz file's samples as sent and a 44.1 kHz file's in one soxr resample,
 never through 16 kHz (which drops the 8-12 kHz band); Whisper (16 kHz) gets a 16 kHz file as sent.
+Mode B's spoken chunks at 24 kHz reach Kyutai as sent too.
 
 A real hypercorn server on 127.0.0.1, the openai SDK, random-weight models: the tests pin equality with
 the model fed the same samples whole, with no thread and no socket, never words."""
@@ -8,9 +9,11 @@ the model fed the same samples whole, with no thread and no socket, never words.
 from __future__ import annotations
 
 import io
+import math
 from contextlib import asynccontextmanager
 
 import numpy as np
+import httpx
 import openai
 import pytest
 import soundfile
@@ -20,6 +23,8 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from helpers_kyutai import make_kyutai_dir, synthetic_audio
 from helpers_models import make_model_dir
+from helpers_server import wait_for
+from helpers_voice import pcm16_b64, voice_server
 from helpers_whisper import make_whisper_dir
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
@@ -30,6 +35,7 @@ from rill.speech.core import SpeechCore
 from rill.speech.decoding import TranscribeParams
 from rill.speech.kyutai import KyutaiStream, load_kyutai
 from rill.transports.http import ServerConfig, create_app
+from rill.transports.realtime.audio_input import decode_pcm16
 
 SECONDS = 3.0
 KYUTAI_RATE = 24_000
@@ -126,3 +132,31 @@ def test_decoding_to_another_rate_keeps_every_limit():
         load_audio(wav_bytes(np.zeros(1, np.float32), 96_000), rate=KYUTAI_RATE)
     with pytest.raises(AudioError, match="sample_rate must be in"):
         load_audio(wav, rate=0)
+
+
+async def test_mode_b_chunks_at_24khz_reach_kyutai_as_sent(llm_dir, kyutai_dir):
+    """Spoken chunks named 24 kHz: the causal stream opens at the model's rate and hears them unresampled,
+    so the words in the prompt are a 24 kHz KyutaiStream's over the same samples (read back with echo)."""
+    audio = synthetic_audio(SECONDS, seed=9, rate=KYUTAI_RATE)
+    stream = KyutaiStream(load_kyutai(kyutai_dir), KYUTAI_RATE)
+    wire = decode_pcm16(pcm16_b64(audio), len(audio))  # what the server decodes from the PCM16 sent
+    expected = "Q: " + (stream.feed(wire).text + stream.finish().text).strip()
+    sessions = "/v1/streaming_input/sessions"
+    async with voice_server(llm_dir, kyutai_dir) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        body = {"prompt": "Q:", "max_tokens": 2, "temperature": 0, "echo": True,
+                "streaming_input": {"api": "completions"}}
+        session_id = (await client.post(sessions, json=body)).json()["session_id"]
+        step = KYUTAI_RATE // 10
+        for seq in range(math.ceil(len(audio) / step)):
+            chunk = {"sequence_id": seq, "modality": "audio", "sample_rate": KYUTAI_RATE,
+                     "payload": pcm16_b64(audio[seq * step:(seq + 1) * step])}
+            assert (await client.post(f"{sessions}/{session_id}/chunks", json=chunk)).status_code == 202
+        assert (await client.post(f"{sessions}/{session_id}/finish")).status_code == 202
+        with trio.fail_after(60):
+            while (result := await client.get(f"{sessions}/{session_id}/result")).status_code == 202:
+                await trio.sleep(0.1)
+        assert result.status_code == 200, result.text
+        await wait_for(lambda: server.speech.core.live.num_live == 0 and server.speech.num_requests == 0)
+    text = result.json()["choices"][0]["text"]
+    assert expected != "Q: " and text.startswith(expected), (text, expected)

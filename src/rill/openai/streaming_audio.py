@@ -25,7 +25,7 @@ import trio
 from rill.sessions.chunks import InputChunk, Modality
 from rill.sessions.errors import SessionError, UnsupportedModality
 from rill.speech.audio import AudioError, pcm16_to_float, to_mono_16k
-from rill.speech.causal_live import live_transcriber
+from rill.speech.causal_live import CausalLiveTranscriber, live_transcriber
 from rill.speech.live import LiveConfig, LiveEvent, SpeechFailed, TranscriptDelta, TranscriptDone
 from rill.speech.vad import TurnDetection
 
@@ -39,6 +39,12 @@ class RateLimited(SessionError):
 
 def decode_audio_chunk(chunk: InputChunk) -> np.ndarray:
     """A chunk's base64 PCM16 at its sample_rate -> 16 kHz mono float32; AudioError (400) when malformed."""
+    samples, rate = chunk_audio(chunk)
+    return to_mono_16k(samples, rate)
+
+
+def chunk_audio(chunk: InputChunk) -> tuple[np.ndarray, int]:
+    """A chunk's base64 PCM16 -> (float32 samples as sent, their rate); AudioError (400) when malformed."""
     try:
         raw = base64.b64decode(chunk.payload, validate=True)
     except (binascii.Error, ValueError):
@@ -47,7 +53,7 @@ def decode_audio_chunk(chunk: InputChunk) -> np.ndarray:
         samples = pcm16_to_float(raw)
     except AudioError as exc:
         raise AudioError(exc.message, param="payload") from None
-    return to_mono_16k(samples, chunk.sample_rate or DEFAULT_RATE_HZ)
+    return samples, chunk.sample_rate or DEFAULT_RATE_HZ
 
 
 class RunAudio:
@@ -103,7 +109,12 @@ class RunAudio:
         return True
 
     def _feed(self, chunk: InputChunk) -> None:
-        self.live.feed(decode_audio_chunk(chunk))
+        samples, rate = chunk_audio(chunk)
+        samples_16k = to_mono_16k(samples, rate)
+        if isinstance(self.live, CausalLiveTranscriber):  # its model may hear at the rate sent (Kyutai: 24 kHz)
+            self.live.feed(samples_16k, samples, rate)
+        else:
+            self.live.feed(samples_16k)
         self.has_uncommitted = True
 
     def _hold(self, chunk: InputChunk) -> None:
