@@ -134,3 +134,21 @@ async def test_ga_24k_session_streams_kyutai_the_samples_as_sent(llm_dir, kyutai
     expected = (stream.feed(audio).text + stream.finish().text).strip()
     assert expected and "".join(e["delta"] for e in of_type(events, DELTA)) == expected
     assert of_type(events, COMPLETED)[0]["transcript"] == expected
+
+
+async def test_ga_24k_item_with_input_audio_reaches_kyutai_as_sent(llm_dir, kyutai_dir):
+    """A conversation.item.create input_audio part at 24 kHz is transcribed whole at the model's own 24 kHz
+    (one resample at most; here none), so its transcript is a 24 kHz KyutaiStream's of the same samples."""
+    runtime = load_kyutai(kyutai_dir)
+    audio = wire(synthetic_audio(2.0, seed=22, rate=24_000))
+    async with voice_server(llm_dir, kyutai_dir) as server:
+        async with voice_client(server) as client:
+            await client.update(audio={"input": {"format": {"type": "audio/pcm", "rate": 24_000},
+                                                 "turn_detection": None}}, temperature=0, max_output_tokens=2)
+            await client.send("conversation.item.create", item={
+                "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": b64(audio)}]})
+            events = await client.until(COMPLETED)
+    assert not of_type(events, "error")
+    stream = KyutaiStream(runtime, 24_000)
+    expected = (stream.feed(audio).text + stream.finish().text).strip()
+    assert expected and of_type(events, COMPLETED)[0]["transcript"] == expected

@@ -82,13 +82,19 @@ class LiveSpeechLink:
                     async for event in recv:
                         await self._inbox.send(event)
 
-    def transcribe(self, item_id: str, samples_16k: np.ndarray, config: LiveConfig) -> None:
-        """One recording, whole (a conversation.item.create input_audio part): ItemTranscribed joins the inbox."""
+    @property
+    def input_rate(self) -> int:
+        """The rate the speech model hears: 16 kHz, or a causal model's own (Kyutai: 24 kHz)."""
+        return self.speech.input_rate
+
+    def transcribe(self, item_id: str, samples: np.ndarray, config: LiveConfig, rate_hz: int = 16_000) -> None:
+        """One recording, whole (a conversation.item.create input_audio part), at 16 kHz or at `input_rate`:
+        ItemTranscribed joins the inbox."""
         async def run() -> None:
             params = TranscribeParams(language=config.language, prompt=config.prompt)
             done = ItemTranscribed(item_id, error="the speech engine gave no transcription")
             try:
-                async for delta in self.speech.transcribe(samples_16k, params):
+                async for delta in self.speech.transcribe(samples, params, sample_rate=rate_hz):
                     if delta.finished is not None:
                         done = ItemTranscribed(item_id, delta.finished.text, delta.finished.duration_s)
             except RillError as exc:

@@ -52,7 +52,10 @@ class SpeechLink(Protocol):
     def feed(self, samples_16k: np.ndarray, native: np.ndarray | None = None, rate_hz: int = 16_000) -> None: ...
     def commit(self, final: bool) -> None: ...
     def clear(self) -> None: ...
-    def transcribe(self, item_id: str, samples_16k: np.ndarray, config: LiveConfig) -> None: ...  # a whole recording
+    input_rate: int  # the rate the speech model hears (16 kHz, or a causal model's own)
+
+    def transcribe(self, item_id: str, samples: np.ndarray, config: LiveConfig,
+                   rate_hz: int = MODEL_RATE_HZ) -> None: ...  # a whole recording
 
 
 MIN_COMMIT_MS = 100  # as OpenAI's Realtime API: a shorter buffer cannot be committed
@@ -117,12 +120,14 @@ class VoiceInput:
         parts = [p for p in item.content or [] if p.type == "input_audio"]
         if not parts or self.link is None:
             return False
-        samples = [decode_pcm16(p.audio, int(self.conn.audio.limits.max_event_s * MODEL_RATE_HZ)) for p in parts]
-        audio = resample(np.concatenate(samples), self.conn.settings.audio_rate_hz)
+        rate_hz = self.conn.settings.audio_rate_hz
+        samples = [decode_pcm16(p.audio, int(self.conn.audio.limits.max_event_s * rate_hz)) for p in parts]
+        to_hz = self.link.input_rate if self.link.input_rate == rate_hz else MODEL_RATE_HZ  # one resample at most
+        audio = resample(np.concatenate(samples), rate_hz, to_hz)
         item.id = item.id or new_id("item")
         self._items[item.id] = (item, previous_item_id)
         self.num_pending_commits += 1  # a response.create meanwhile answers it once it is heard
-        self.link.transcribe(item.id, audio, self.live_config())
+        self.link.transcribe(item.id, audio, self.live_config(), to_hz)
         return True
 
     def _item_heard(self, event) -> None:
