@@ -104,7 +104,7 @@ class AsyncSpeechEngine:
     def input_rate(self) -> int:
         """The rate the core hears whole recordings at (Kyutai STT: 24 kHz; Whisper, Voxtral: 16 kHz): an
         upload decoded straight to it reaches the model without a second resample."""
-        return getattr(self.core, "input_rate", SAMPLE_RATE)
+        return self.core.input_rate
 
     def new_request_id(self) -> str:
         return f"speech-{next(self._ids)}"
@@ -235,10 +235,8 @@ class AsyncSpeechEngine:
         if isinstance(msg, AbortSpeech):
             self.core.abort(msg.request_id)
             return
-        # Only a core that hears at another rate takes one (Whisper's SpeechCore hears 16 kHz alone).
-        rate = {} if msg.sample_rate == SAMPLE_RATE else {"sample_rate": msg.sample_rate}
         try:
-            self.core.add_request(msg.request_id, msg.audio, msg.params, **rate)
+            self.core.add_request(msg.request_id, msg.audio, msg.params, msg.sample_rate)
         except RillError as exc:  # a bad request fails alone (the core kept nothing of it); the engine goes on
             self._post([RequestRejected(msg.request_id, exc)])
 

@@ -138,10 +138,20 @@ class SpeechCore:
 
     # -- requests -------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams) -> None:
-        """Queue 16 kHz mono float32 audio; raises ValidationError (and keeps nothing) if it cannot run."""
+    @property
+    def input_rate(self) -> int:
+        """The rate whole recordings are heard at (every core has one: Kyutai's is 24 kHz)."""
+        return SAMPLE_RATE
+
+    def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams,
+                    sample_rate: int = SAMPLE_RATE) -> None:
+        """Queue 16 kHz mono float32 audio (Whisper hears 16 kHz alone: another `sample_rate` is refused);
+        raises ValidationError (and keeps nothing) if it cannot run."""
         if request_id in self.requests:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
+        if sample_rate != SAMPLE_RATE:
+            raise ValidationError(f"{self.model_name} takes audio at {SAMPLE_RATE} Hz, got {sample_rate} Hz",
+                                  param="sample_rate")
         validate_params(self.runtime.generation, params)
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim != 1:
