@@ -126,3 +126,23 @@ def test_init_from_continues_with_the_same_tokenizer(trained, cache, tmp_path):
     before, after = M.load(trained)[0], M.load(out)[0]
     assert before.config.text_config.to_dict() == after.config.text_config.to_dict()
     assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
+
+
+async def test_the_shipped_weights_serve_by_name_and_hear_a_question(llm_dir):  # noqa: F811
+    """`--speech-model rill-tiny-causal` serves the weights in the package; a question in a plain espeak-ng voice
+    comes back word for word, and the server's transcript is the stream's."""
+    from rill.speech.whisper import RILL_TINY_CAUSAL, speech_model_path
+    from rill.tiny_speech import transcripts
+    from rill.tiny_speech.voices import Voice
+
+    audio = synth.synthesize(transcripts.spoken_form("What is rill?"), Voice("en-us", "", 160, 50, 100, 0))
+    stream = VoxtralStream(load_voxtral_realtime(speech_model_path(RILL_TINY_CAUSAL)), 16_000)
+    expected = (stream.feed(audio).text + stream.finish().text).strip()
+    assert expected == "What is rill?"
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, 16_000, format="WAV", subtype="FLOAT")
+    async with voxtral_server(llm_dir, RILL_TINY_CAUSAL) as (url, _):
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert RILL_TINY_CAUSAL in [m.id async for m in client.models.list()]
+        got = await client.audio.transcriptions.create(model=RILL_TINY_CAUSAL, file=("q.wav", buffer.getvalue()))
+    assert got.text.strip() == expected

@@ -24,6 +24,8 @@ from rill.tokenizer import Tokenizer
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 RILL_TINY_SPEECH = "rill-tiny-speech"
+RILL_TINY_CAUSAL = "rill-tiny-causal"  # shipped too: a Voxtral Realtime directory (rill.tiny_causal's recipe)
+SHIPPED_SPEECH_MODELS = (RILL_TINY_SPEECH, RILL_TINY_CAUSAL)
 SMALL_QUERY = 16  # attention with at most this many queries (decoder steps, prompts) skips the flash kernel
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
                 "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -309,11 +311,12 @@ class WhisperRuntime:
 
 
 def speech_model_path(model: str | Path) -> Path:
-    """`rill-tiny-speech` names the embedded model; anything else is a local directory (not checked)."""
-    if str(model) == RILL_TINY_SPEECH:
+    """`rill-tiny-speech` and `rill-tiny-causal` name the embedded models; anything else is a local directory
+    (not checked)."""
+    if str(model) in SHIPPED_SPEECH_MODELS:
         import rill.assets
 
-        return Path(rill.assets.__file__).parent / RILL_TINY_SPEECH
+        return Path(rill.assets.__file__).parent / str(model)
     return Path(model).expanduser()
 
 

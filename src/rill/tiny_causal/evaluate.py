@@ -1,6 +1,6 @@
 """Held-out evaluation of rill-tiny-causal: rill-tiny-speech's table, with rill's own streaming runtime.
 
-    rill eval-tiny-causal [--model DIR] [--per-family N] [--vocabulary held-out|heard] [--json FILE]
+    rill eval-tiny-causal [--model rill-tiny-causal|DIR] [--per-family N] [--vocabulary held-out|heard] [--json FILE]
 
 The clips, their variety and the scoring are eval-tiny-speech's (rill.tiny_speech.evaluate): held-out
 values spoken by held-out voices, exact transcripts and exact-or-same-sound per family. Each clip is fed
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rill.speech.whisper import RILL_TINY_CAUSAL, speech_model_path
 from rill.tiny import splits
 from rill.tiny_speech import augment, dataset, transcripts
 from rill.tiny_speech import evaluate as speech_eval
@@ -52,7 +53,8 @@ class StreamBackend:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rill eval-tiny-causal", description="Held-out transcripts of rill-tiny-causal per family.")
-    p.add_argument("--model", type=Path, required=True, help="a Voxtral Realtime directory (a training run's --out)")
+    p.add_argument("--model", default=RILL_TINY_CAUSAL, help="rill-tiny-causal (the shipped weights, the default) or a "
+                   "Voxtral Realtime directory (a training run's --out)")
     p.add_argument("--per-family", type=int, default=100, help="clips per family")
     p.add_argument("--json", type=Path, default=None, help="write the full report here")
     p.add_argument("--seed", type=int, default=1234, help="seed of the held-out clips and their variety")
@@ -66,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    backend = StreamBackend(args.model)
+    backend = StreamBackend(speech_model_path(args.model))
     max_samples = backend.window_samples - int(augment.MAX_OFFSET_S * augment.SAMPLE_RATE)
     split = splits.EVAL if args.vocabulary == "held-out" else transcripts.HEARD
     clips = dataset.build(args.seed, split, args.per_family * len(transcripts.FAMILIES), max_samples,

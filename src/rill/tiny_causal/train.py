@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from rill.tiny_causal import model as M
 from rill.tiny_causal import targets, timings, vocab as V
+from rill.speech.whisper import speech_model_path
 from rill.tiny_speech import augment, synth
 
 DEFAULT_OUT = Path("runs/rill-tiny-causal")
@@ -46,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", type=int, default=1, help="synthesis worker processes")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init-from", type=Path, default=None, help="continue from this checkpoint directory")
+    p.add_argument("--init-from", type=speech_model_path, default=None,
+                   help="continue from this checkpoint directory, or rill-tiny-causal (the shipped weights)")
     p.add_argument("--checkpoint-every", type=int, default=250)
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this much training time")
     p.add_argument("--cache-dir", type=Path, default=timings.DEFAULT_CACHE)
