@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import soxr
 
-from helpers_kyutai import make_kyutai_dir, synthetic_audio
-from helpers_models import make_model_dir
+from helpers_kyutai import synthetic_audio
 from helpers_server import one_torch_thread, wait_for  # noqa: F401
 from helpers_voice import of_type, voice_client, voice_server
+from test_kyutai_live import kyutai_dir, llm_dir  # noqa: F401  (the same random models)
 from rill.speech.kyutai import KyutaiStream, load_kyutai
 from rill.transports.realtime.audio_input import AudioInput
 
@@ -101,15 +101,6 @@ def test_clear_drops_what_the_resampler_holds():
     audio_input.commit()
     assert np.allclose(np.concatenate(front.at_16k), soxr.resample(clip, 24_000, 16_000), atol=1e-6)
 
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("mistral"), "mistral")
-
-
-@pytest.fixture(scope="module")
-def kyutai_dir(tmp_path_factory):
-    return make_kyutai_dir(tmp_path_factory.mktemp("kyutai") / "stt", "wide", seed=4)
 
 
 async def test_ga_24k_session_streams_kyutai_the_samples_as_sent(llm_dir, kyutai_dir):

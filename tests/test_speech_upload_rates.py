@@ -21,11 +21,11 @@ import soxr
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
-from helpers_kyutai import make_kyutai_dir, synthetic_audio
-from helpers_models import make_model_dir
+from helpers_kyutai import synthetic_audio
 from helpers_server import wait_for
 from helpers_voice import pcm16_b64, voice_server
 from helpers_whisper import make_whisper_dir
+from test_kyutai_serving import kyutai_dir, llm_dir  # noqa: F401  (the same random models)
 from rill.config import EngineConfig
 from rill.engine.async_engine import open_engine
 from rill.server import hypercorn_config
@@ -40,15 +40,6 @@ from rill.transports.realtime.audio_input import decode_pcm16
 SECONDS = 3.0
 KYUTAI_RATE = 24_000
 
-
-@pytest.fixture(scope="module")
-def llm_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("qwen2"), "qwen2")
-
-
-@pytest.fixture(scope="module")
-def kyutai_dir(tmp_path_factory):
-    return make_kyutai_dir(tmp_path_factory.mktemp("kyutai") / "stt", "small")
 
 
 def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
