@@ -161,3 +161,28 @@ async def voice_client(server: VoiceServer, listener: str = "http", **kwargs):
 
 def of_type(events: list[dict], type_: str) -> list[dict]:
     return [e for e in events if e["type"] == type_]
+
+
+async def mode_b_echo(server: VoiceServer, audio: np.ndarray, rate: int, chunk_samples: int) -> str:
+    """One Mode B completions session (prompt "Q:", echo) fed `audio` as PCM16 chunks at `rate`, finished, read
+    back whole: the echoed text, once the speech worker holds nothing of it."""
+    import httpx
+
+    from helpers_server import wait_for
+
+    sessions = "/v1/streaming_input/sessions"
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        body = {"prompt": "Q:", "max_tokens": 2, "temperature": 0, "echo": True,
+                "streaming_input": {"api": "completions"}}
+        session_id = (await client.post(sessions, json=body)).json()["session_id"]
+        for seq, i in enumerate(range(0, len(audio), chunk_samples)):
+            chunk = {"sequence_id": seq, "modality": "audio", "sample_rate": rate,
+                     "payload": pcm16_b64(audio[i:i + chunk_samples])}
+            assert (await client.post(f"{sessions}/{session_id}/chunks", json=chunk)).status_code == 202
+        assert (await client.post(f"{sessions}/{session_id}/finish")).status_code == 202
+        with trio.fail_after(60):
+            while (result := await client.get(f"{sessions}/{session_id}/result")).status_code == 202:
+                await trio.sleep(0.1)
+        assert result.status_code == 200, result.text
+    await wait_for(lambda: server.speech.core.live.num_live == 0 and server.speech.num_requests == 0)
+    return result.json()["choices"][0]["text"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import numpy as np
 import pytest
 import trio
@@ -16,7 +15,7 @@ import trio
 from helpers_kyutai import make_kyutai_dir, synthetic_audio
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread, wait_for  # noqa: F401
-from helpers_voice import needs_espeak, of_type, pcm16_b64, silence, speak, voice_client, voice_server
+from helpers_voice import mode_b_echo, needs_espeak, of_type, pcm16_b64, silence, speak, voice_client, voice_server
 from rill.speech.kyutai import KyutaiStream, load_kyutai
 from rill.transports.realtime.audio_input import decode_pcm16
 
@@ -206,22 +205,7 @@ async def test_turn_detection_on_the_causal_stream(llm_dir, kyutai_dir, runtime,
 async def test_mode_b_audio_chunks_put_the_streamed_words_in_the_prompt(llm_dir, kyutai_dir, runtime):
     """Mode B with spoken chunks: the causal stream's words join the prompt (read back with echo)."""
     audio = synthetic_audio(3.0, seed=25, rate=RATE)
-    sessions = "/v1/streaming_input/sessions"
-    async with voice_server(llm_dir, kyutai_dir) as server, \
-            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-        body = {"prompt": "Q:", "max_tokens": 2, "temperature": 0, "echo": True,
-                "streaming_input": {"api": "completions"}}
-        session_id = (await client.post(sessions, json=body)).json()["session_id"]
-        step = int(CHUNK_S * RATE)
-        for seq, i in enumerate(range(0, len(audio), step)):
-            chunk = {"sequence_id": seq, "modality": "audio", "payload": pcm16_b64(audio[i:i + step]),
-                     "sample_rate": RATE}
-            assert (await client.post(f"{sessions}/{session_id}/chunks", json=chunk)).status_code == 202
-        assert (await client.post(f"{sessions}/{session_id}/finish")).status_code == 202
-        with trio.fail_after(60):
-            while (result := await client.get(f"{sessions}/{session_id}/result")).status_code == 202:
-                await trio.sleep(0.1)
-        assert result.status_code == 200, result.text
-        await wait_for(lambda: server.speech.core.live.num_live == 0 and server.speech.num_requests == 0)
-    text, expected = result.json()["choices"][0]["text"], "Q: " + offline(runtime, audio).strip()
+    async with voice_server(llm_dir, kyutai_dir) as server:
+        text = await mode_b_echo(server, audio, RATE, int(CHUNK_S * RATE))
+    expected = "Q: " + offline(runtime, audio).strip()
     assert text.startswith(expected), (text, expected)

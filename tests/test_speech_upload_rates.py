@@ -9,11 +9,9 @@ the model fed the same samples whole, with no thread and no socket, never words.
 from __future__ import annotations
 
 import io
-import math
 from contextlib import asynccontextmanager
 
 import numpy as np
-import httpx
 import openai
 import pytest
 import soundfile
@@ -22,8 +20,7 @@ import trio
 from hypercorn.trio import serve as hypercorn_serve
 
 from helpers_kyutai import synthetic_audio
-from helpers_server import wait_for
-from helpers_voice import pcm16_b64, voice_server
+from helpers_voice import mode_b_echo, pcm16_b64, voice_server
 from helpers_whisper import make_whisper_dir
 from test_kyutai_serving import kyutai_dir, llm_dir  # noqa: F401  (the same random models)
 from rill.config import EngineConfig
@@ -132,22 +129,6 @@ async def test_mode_b_chunks_at_24khz_reach_kyutai_as_sent(llm_dir, kyutai_dir):
     stream = KyutaiStream(load_kyutai(kyutai_dir), KYUTAI_RATE)
     wire = decode_pcm16(pcm16_b64(audio), len(audio))  # what the server decodes from the PCM16 sent
     expected = "Q: " + (stream.feed(wire).text + stream.finish().text).strip()
-    sessions = "/v1/streaming_input/sessions"
-    async with voice_server(llm_dir, kyutai_dir) as server, \
-            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-        body = {"prompt": "Q:", "max_tokens": 2, "temperature": 0, "echo": True,
-                "streaming_input": {"api": "completions"}}
-        session_id = (await client.post(sessions, json=body)).json()["session_id"]
-        step = KYUTAI_RATE // 10
-        for seq in range(math.ceil(len(audio) / step)):
-            chunk = {"sequence_id": seq, "modality": "audio", "sample_rate": KYUTAI_RATE,
-                     "payload": pcm16_b64(audio[seq * step:(seq + 1) * step])}
-            assert (await client.post(f"{sessions}/{session_id}/chunks", json=chunk)).status_code == 202
-        assert (await client.post(f"{sessions}/{session_id}/finish")).status_code == 202
-        with trio.fail_after(60):
-            while (result := await client.get(f"{sessions}/{session_id}/result")).status_code == 202:
-                await trio.sleep(0.1)
-        assert result.status_code == 200, result.text
-        await wait_for(lambda: server.speech.core.live.num_live == 0 and server.speech.num_requests == 0)
-    text = result.json()["choices"][0]["text"]
+    async with voice_server(llm_dir, kyutai_dir) as server:
+        text = await mode_b_echo(server, audio, KYUTAI_RATE, KYUTAI_RATE // 10)
     assert expected != "Q: " and text.startswith(expected), (text, expected)
