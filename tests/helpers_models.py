@@ -150,3 +150,15 @@ def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, dtype=torc
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                          min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
+
+
+def engine_greedy(core, ids, items, max_tokens: int) -> list[int]:
+    """Greedy tokens of one request (multimodal `items` or None) run alone on an EngineCore, EOS ignored."""
+    from rill.sampling_params import SamplingParams
+
+    core.add_request("r", ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), items)
+    out = []
+    while core.has_work:
+        for delta in core.step():
+            out += delta.token_ids
+    return out

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from helpers_families import make_family_dir
-from helpers_models import hf_forward, hf_greedy, hf_model, rill_forward
+from helpers_models import engine_greedy, hf_forward, hf_greedy, hf_model, rill_forward
 
 DEVICE = os.environ.get("RILL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="needs a CUDA GPU (or RILL_TEST_DEVICE=cpu)")
@@ -89,17 +89,6 @@ def test_whisper_on_the_device_decodes_as_generate(tmp_path):
         assert ours == hf_generate(d, features, language=None, task="transcribe"), seconds
 
 
-def _engine_greedy(core, ids, items, max_tokens: int) -> list[int]:
-    from rill.sampling_params import SamplingParams
-
-    core.add_request("r", ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), items)
-    out = []
-    while core.has_work:
-        for delta in core.step():
-            out += delta.token_ids
-    return out
-
-
 def _image_prompt(core, image, question: str):
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     ids = core.tokenizer.encode(core.tokenizer.apply_chat_template(messages, add_generation_prompt=True),
@@ -115,7 +104,7 @@ def test_qwen2_vl_tower_and_decoder_on_the_device_equal_generate(tmp_path):
     d = make_vl_model_dir(tmp_path, "qwen2_vl")
     core = EngineCore(EngineConfig(model=str(d), max_num_seqs=4, device=DEVICE))
     ids, items = _image_prompt(core, circle_image("red"), "What colour is the circle?")
-    ours = _engine_greedy(core, ids, items, 12)
+    ours = engine_greedy(core, ids, items, 12)
     vision = core.mm_inputs.vision
     inputs = hf_inputs(ids, items, vision.image_token_id, vision.video_token_id)
     assert ours == hf_vl_model(d).generate(**inputs, max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
@@ -137,7 +126,7 @@ def test_llava_tower_and_decoder_on_the_device_equal_generate(tmp_path, monkeypa
     d = make_llava_dir(tmp_path, "clip_llama")
     core = EngineCore(EngineConfig(model=str(d), max_num_seqs=4, device=DEVICE))
     ids, items = _image_prompt(core, circle_image("red", (70, 50)), "What colour is it?")
-    ours = _engine_greedy(core, ids, items, 10)
+    ours = engine_greedy(core, ids, items, 10)
     ids_t = torch.tensor([ids])
     with torch.no_grad():
         theirs = LlavaForConditionalGeneration.from_pretrained(d).eval().generate(

@@ -14,6 +14,7 @@ from PIL import Image
 
 from helpers_tokenizers import byte_level_bpe, save_dir
 from helpers_vision import circle_image, noise_image
+from helpers_models import engine_greedy
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.errors import ModelLoadError, ValidationError
@@ -124,15 +125,6 @@ def test_tower_features_equal_get_image_features(llava_dir):
     torch.testing.assert_close(got, expected.flatten(0, -2), rtol=1e-5, atol=1e-5)
 
 
-def _greedy(core: EngineCore, ids, items, max_tokens=10) -> list[int]:
-    core.add_request("r", ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), items)
-    out = []
-    while core.has_work:
-        for delta in core.step():
-            out += delta.token_ids
-    return out
-
-
 @pytest.mark.parametrize("chunk", [2048, 8])
 @pytest.mark.parametrize("case", ["one", "two"])
 def test_greedy_equals_transformers_generate(llava_dir, case, chunk):
@@ -151,7 +143,7 @@ def test_greedy_equals_transformers_generate(llava_dir, case, chunk):
     ids, items = core.mm_inputs.expand(ids, [core.mm_inputs.item("image", im) for im in images])
     placeholders = sum(t == core.mm_inputs.placeholder("image") for t in ids)
     assert placeholders == len(images) * core.model_config.vision.tokens_per_image
-    ours = _greedy(core, ids, items)
+    ours = engine_greedy(core, ids, items, 10)
     hf = LlavaForConditionalGeneration.from_pretrained(llava_dir).eval()
     ids_t = torch.tensor([ids])
     with torch.no_grad():

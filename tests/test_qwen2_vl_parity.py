@@ -10,10 +10,10 @@ import torch
 
 from helpers_vision import (SHAPES, circle_image, hf_inputs, hf_vl_model, make_vl_model_dir, noise_clip,
                             noise_image)
+from helpers_models import engine_greedy
 from rill.config import EngineConfig
 from rill.engine.core import EngineCore
 from rill.multimodal.qwen2_vl_inputs import VideoClip
-from rill.sampling_params import SamplingParams
 
 torch.set_num_threads(1)
 
@@ -41,15 +41,6 @@ def _prompt(core: EngineCore, case: str):
                                                     ("image", noise_image(56, 56, 3))]
 
 
-def _run(core: EngineCore, ids, items, max_tokens=12) -> list[int]:
-    core.add_request("r", ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), items)
-    out = []
-    while core.has_work:
-        for delta in core.step():
-            out += delta.token_ids
-    return out
-
-
 @pytest.mark.parametrize("chunk", [2048, 16])
 @pytest.mark.parametrize("case", ["image", "images", "video"])
 def test_greedy_equals_transformers_generate(model_dir, case, chunk):
@@ -59,7 +50,7 @@ def test_greedy_equals_transformers_generate(model_dir, case, chunk):
     ids = core.tokenizer.encode(text, add_special_tokens=False)
     ids, items = core.mm_inputs.expand(ids, [core.mm_inputs.item(kind, m) for kind, m in media])
     assert len(items) == len(media) and len(ids) > sum(it.num_tokens for it in items)
-    ours = _run(core, ids, items)
+    ours = engine_greedy(core, ids, items, 12)
     vision = core.mm_inputs.vision
     inputs = hf_inputs(ids, items, vision.image_token_id, vision.video_token_id,
                        fps=2.0 if vision.version == 25 else None)
