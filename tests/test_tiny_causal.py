@@ -128,6 +128,37 @@ def test_init_from_continues_with_the_same_tokenizer(trained, cache, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
 
 
+def test_delays_ms_trains_at_several_delays_and_sets_the_default(trained, cache, tmp_path):
+    """--delays-ms: each batch at one of the delays; the first becomes tekken.json's default (over the
+    --init-from checkpoint's), and a stream at any of them decodes from the one checkpoint."""
+    out = tmp_path / "delays"
+    train.main(["--out", str(out), "--init-from", str(trained), "--steps", "4", "--batch-size", "2", "--clips", "8",
+                "--shard-size", "8", "--warmup", "1", "--cache-dir", str(cache), "--delays-ms", "160,80"])
+    assert json.loads((out / "tekken.json").read_text())["audio"]["transcription_delay_ms"] == 160
+    assert json.loads((out / "train_state.json").read_text())["delays_ms"] == [160, 80]
+    runtime = load_voxtral_realtime(out)
+    assert VoxtralStream(runtime, 16_000).num_delay_tokens == 2
+    assert VoxtralStream(runtime, 16_000, delay_ms=80).num_delay_tokens == 1
+
+
+def test_eval_backend_takes_the_delay_and_refuses_a_bad_one(trained, data):
+    """eval-tiny-causal --delay-ms: the held-out table at another delay is the stream's at that delay."""
+    from rill.tiny_causal.evaluate import StreamBackend
+
+    audio = data.clips.audio(2)
+    stream = VoxtralStream(load_voxtral_realtime(trained), 16_000, delay_ms=160)
+    expected = "".join([stream.feed(audio).text, stream.finish().text]).strip()
+    assert StreamBackend(trained, 160).transcribe([audio]) == [expected]
+    with pytest.raises(ValueError, match="multiple"):
+        StreamBackend(trained, 100)
+
+
+@pytest.mark.parametrize("bad", ["100", "0", "160,-80", ","])
+def test_delays_ms_refuses_what_is_not_a_multiple_of_a_frame(bad):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--delays-ms", bad])
+
+
 async def test_the_shipped_weights_serve_by_name_and_hear_a_question(llm_dir):  # noqa: F811
     """`--speech-model rill-tiny-causal` serves the weights in the package; a question in a plain espeak-ng voice
     comes back word for word, and the server's transcript is the stream's."""

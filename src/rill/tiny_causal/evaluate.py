@@ -1,6 +1,7 @@
 """Held-out evaluation of rill-tiny-causal: rill-tiny-speech's table, with rill's own streaming runtime.
 
-    rill eval-tiny-causal [--model rill-tiny-causal|DIR] [--per-family N] [--vocabulary held-out|heard] [--json FILE]
+    rill eval-tiny-causal [--model rill-tiny-causal|DIR] [--per-family N] [--vocabulary held-out|heard]
+                          [--delay-ms MS] [--json FILE]
 
 The clips, their variety and the scoring are eval-tiny-speech's (rill.tiny_speech.evaluate): held-out
 values spoken by held-out voices, exact transcripts and exact-or-same-sound per family. Each clip is fed
@@ -31,16 +32,17 @@ PIECE = 1280  # 80 ms pieces, a live stream's chunks
 class StreamBackend:
     """rill's VoxtralStream over each clip, fed piece by piece."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, delay_ms: float | None = None) -> None:
         from rill.speech.voxtral_realtime import load_voxtral_realtime
 
-        self.runtime = load_voxtral_realtime(model_dir)
+        self.runtime, self.delay_ms = load_voxtral_realtime(model_dir), delay_ms
+        self.runtime.audio.num_delay_tokens(delay_ms)  # a bad delay fails before any clip is synthesised
         self.window_samples = int(WINDOW_S * augment.SAMPLE_RATE)
 
     def transcribe_one(self, audio: np.ndarray) -> str:
         from rill.speech.voxtral_realtime import VoxtralStream
 
-        stream, text = VoxtralStream(self.runtime, augment.SAMPLE_RATE), []
+        stream, text = VoxtralStream(self.runtime, augment.SAMPLE_RATE, delay_ms=self.delay_ms), []
         with torch.inference_mode():
             for start in range(0, len(audio), PIECE):
                 text.append(stream.feed(audio[start : start + PIECE]).text)
@@ -59,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="write the full report here")
     p.add_argument("--seed", type=int, default=1234, help="seed of the held-out clips and their variety")
     p.add_argument("--vocabulary", choices=("held-out", "heard"), default="held-out")
+    p.add_argument("--delay-ms", type=float, default=None, help="transcription delay (default: the model's, "
+                   "tekken.json's); a model trained at several delays (train-tiny-causal --delays-ms) takes any of them")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", type=int, default=1, help="synthesis worker processes")
     p.add_argument("--cache-dir", type=Path, default=dataset.DEFAULT_CACHE)
@@ -68,14 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    backend = StreamBackend(speech_model_path(args.model))
+    backend = StreamBackend(speech_model_path(args.model), args.delay_ms)
     max_samples = backend.window_samples - int(augment.MAX_OFFSET_S * augment.SAMPLE_RATE)
     split = splits.EVAL if args.vocabulary == "held-out" else transcripts.HEARD
     clips = dataset.build(args.seed, split, args.per_family * len(transcripts.FAMILIES), max_samples,
                           workers=args.workers, root=args.cache_dir, desc=f"synthesize {args.vocabulary} clips")
     report = speech_eval.evaluate(backend, clips, args.seed)
     report.update(model=str(args.model), backend="rill-stream", per_family=args.per_family, seed=args.seed,
-                  vocabulary=args.vocabulary)
+                  vocabulary=args.vocabulary, delay_ms=backend.runtime.audio.num_delay_tokens(args.delay_ms) * backend.runtime.audio.frame_ms)
     print(speech_eval.format_table(report))
     print(f"\n{report['num_clips']} clips ({report['audio_s']} s of speech) in {report['seconds']} s")
     if args.json:

@@ -1,13 +1,19 @@
 """Train rill-tiny-causal on one CPU core.
 
     rill train-tiny-causal [--out DIR] [--steps N] [--clips N] [--threads 1] [--delay-ms 480]
-                           [--init-from DIR] [--max-minutes M] [--checkpoint-every N]
+                           [--delays-ms 160,80,240,480] [--init-from DIR] [--max-minutes M]
+                           [--checkpoint-every N]
 
 Word-timed training questions (rill.tiny_causal.timings, cached by seed), each clip padded as a live
 stream pads it, its delayed text stream (rill.tiny_causal.targets) as the teacher-forced input and
 the labels; AdamW with a linear warm-up and a cosine decay; a checkpoint every N steps and at the end
 (also when --max-minutes runs out), loadable by rill's runtime (`rill serve --speech-model DIR`).
 `--init-from DIR` continues from a checkpoint: its tokenizer and delay are kept.
+
+`--delays-ms` trains at several delays, each batch at one drawn at random: the architecture conditions
+its decoder on the delay (a sinusoidal embedding of it scales every MLP), so one checkpoint serves any
+of them and the delay becomes a setting of the server (`rill serve --speech-delay-ms`), as Voxtral
+Realtime's own is. The first is the checkpoint's default (tekken.json's `transcription_delay_ms`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--word-weight", type=float, default=3.0, help="loss weight of word tokens against pads")
     p.add_argument("--delay-ms", type=int, default=480, help="transcription delay, a multiple of 80 ms")
+    p.add_argument("--delays-ms", type=_delays, default=None,
+                   help="train at these delays (comma list of multiples of 80 ms), each batch at one drawn at "
+                        "random; the first becomes the checkpoint's default (overrides --delay-ms and an "
+                        "--init-from checkpoint's delay)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", type=int, default=1, help="synthesis worker processes")
     p.add_argument("--seed", type=int, default=0)
@@ -54,6 +64,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-dir", type=Path, default=timings.DEFAULT_CACHE)
     p.add_argument("--shard-size", type=int, default=128)
     return p.parse_args(argv)
+
+
+def _delays(text: str) -> list[int]:
+    delays = [int(x) for x in text.split(",") if x.strip()]
+    if not delays or any(d <= 0 or d % 80 for d in delays):
+        raise argparse.ArgumentTypeError("--delays-ms: positive multiples of 80 ms, comma separated")
+    return delays
 
 
 def lr_at(step: int, args) -> float:
@@ -126,11 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.delay_ms % 80 or args.delay_ms <= 0:
         raise SystemExit("--delay-ms must be a positive multiple of 80")
     model, extractor, vocab, delay_ms, done_before = setup(args)
-    delay = delay_ms // 80
+    if args.delays_ms:
+        delay_ms = args.delays_ms[0]
+    delays = [d // 80 for d in (args.delays_ms or [delay_ms])]
     data = timings.build(args.seed, args.clips, MAX_SAMPLES, root=args.cache_dir, workers=args.workers,
                          size=args.shard_size)
-    usable = fitting(data, vocab, delay)[: args.clips]
-    print(f"{len(usable)} of {len(data)} clips fit their padding with a {delay_ms} ms delay")
+    usable = fitting(data, vocab, max(delays))[: args.clips]  # the same at every delay: the padding grows with it
+    print(f"{len(usable)} of {len(data)} clips fit their padding with a {max(delays) * 80} ms delay; "
+          f"training at {', '.join(str(d * 80) for d in delays)} ms, default {delay_ms} ms")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     rng, started, losses = np.random.default_rng(args.seed + done_before), time.monotonic(), []
     model.train()
@@ -139,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
+        delay = delays[int(rng.integers(len(delays)))]
         loss = loss_of(model, batch(data, rng.choice(usable, args.batch_size), vocab, extractor, delay, rng),
                        delay, args.word_weight)
         opt.zero_grad()
@@ -149,18 +170,19 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", lr=f"{lr_at(step, args):.1e}")
         timed_out = args.max_minutes and time.monotonic() - started > args.max_minutes * 60
         if (step + 1) % args.checkpoint_every == 0 or timed_out:
-            checkpoint(args.out, model, extractor, vocab, delay_ms, done_before + step + 1, losses, started)
+            checkpoint(args.out, model, extractor, vocab, delay_ms, done_before + step + 1, losses, started, delays)
         if timed_out:
             break
-    checkpoint(args.out, model, extractor, vocab, delay_ms, done_before + step + 1, losses, started)
+    checkpoint(args.out, model, extractor, vocab, delay_ms, done_before + step + 1, losses, started, delays)
     print(f"saved {args.out} after {step + 1} steps, loss {np.mean(losses[-20:]):.3f}")
     return 0
 
 
-def checkpoint(out: Path, model, extractor, vocab, delay_ms, total_steps, losses, started) -> None:
+def checkpoint(out: Path, model, extractor, vocab, delay_ms, total_steps, losses, started,
+               delays: list[int]) -> None:
     M.save(out, model, extractor, vocab, delay_ms, N_LEFT)
     state = dict(total_steps=total_steps, loss_last20=float(np.mean(losses[-20:])), loss_first=losses[0],
-                 minutes=round((time.monotonic() - started) / 60, 1))
+                 minutes=round((time.monotonic() - started) / 60, 1), delays_ms=[d * 80 for d in delays])
     (out / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
