@@ -19,6 +19,6 @@ free them and leave any id in their table slots.
 (cpu_attn.c, built by cpu_build) over float32 caches and the torch reference for the rest.
 """
 
-from rill.kernels.dispatch import paged_attention, write_kv
+from rill.kernels.dispatch import check_head_dim, paged_attention, write_kv
 
-__all__ = ["paged_attention", "write_kv"]
+__all__ = ["check_head_dim", "paged_attention", "write_kv"]

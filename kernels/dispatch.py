@@ -19,6 +19,19 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def check_head_dim(head_dim: int, device: torch.device) -> None:
+    """Refuse at load, not at the first attention call, a head size the device's kernels cannot run:
+    the Triton kernels take powers of two from 16 (the CPU kernels take any)."""
+    if _use_triton(torch.empty(0, device=device)):
+        from rill.kernels import triton_attn
+
+        try:
+            triton_attn.check_head_dim(head_dim)
+        except ValueError as e:
+            raise ValueError(f"{e}: rill's Triton attention kernels ({device.type}) cannot run this model; "
+                             "the CPU kernels can (--device cpu)") from None
+
+
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     if _use_triton(k_cache):
         from rill.kernels import triton_attn

@@ -246,7 +246,7 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Scatter the new tokens' keys and values ([T, Hkv, D]) into their cache slots; a negative
     slot is skipped (the padding rows of a captured decode step)."""
     num_tokens, num_kv_heads, head_dim = key.shape
-    _check_head_dim(head_dim)
+    check_head_dim(head_dim)
     _check_rows(key, value, k_cache, v_cache)
     if num_tokens == 0:
         return
@@ -284,7 +284,7 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     if query.shape[0] == 0 or num_seqs == 0:
         return out
-    _check_head_dim(query.shape[2])
+    check_head_dim(query.shape[2])
     _check_rows(query, out, k_cache, v_cache)
     if query.shape[1] % k_cache.shape[2]:
         raise ValueError(f"{query.shape[1]} query heads is not a multiple of {k_cache.shape[2]} KV heads")
@@ -373,7 +373,7 @@ def _upcast_dots(query: torch.Tensor) -> bool:
     return query.dtype == torch.bfloat16 and type(_decode_kernel).__name__ == "InterpretedFunction"
 
 
-def _check_head_dim(head_dim: int) -> None:
+def check_head_dim(head_dim: int) -> None:
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"head_dim {head_dim} is not a power of two >= 16")
 

@@ -17,7 +17,7 @@ from rill.engine.scheduler import ScheduledBatch
 from rill.engine.sequence import Sequence
 from rill.models.attention import AttentionMetadata
 from rill.models.llama import CausalLM
-from rill.kernels import cpu_build
+from rill.kernels import check_head_dim, cpu_build
 from rill.models.linear import decode_step, pack_for_cpu
 from rill.outputs import TokenLogprob
 from rill.sampling_params import SamplingParams
@@ -46,6 +46,7 @@ class ModelRunner:
         self.block_size = block_size
         self.sampler = sampler
         self.device = model.embed_tokens.weight.device
+        check_head_dim(cfg.head_dim, self.device)  # at load, not at the first attention call
         self.layout = layout or KVLayout.for_windows(cfg.layer_windows)
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # k cache tensors for K and k for V; layer i reads its slot's (one per layer with one group)
