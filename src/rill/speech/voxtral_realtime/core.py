@@ -30,11 +30,12 @@ from rill.speech.voxtral_realtime.stream import VoxtralStream
 
 class VoxtralCore(KyutaiCore):
     """Synchronous; owned by the speech worker thread. `delay_ms`: the transcription delay of every
-    request (default: the model's, tekken.json's `transcription_delay_ms`)."""
+    request (default: the model's, tekken.json's `transcription_delay_ms`). `early_stop`: every stream,
+    file or live, ends at the first streaming pad past its audio's end plus the delay (VoxtralStream)."""
 
     def __init__(self, path_or_runtime: str | Path | VoxtralRuntime, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, chunk_s: float = 2.0, segment_s: float = 10.0,
-                 delay_ms: float | None = None, **_ignored):
+                 delay_ms: float | None = None, early_stop: bool = False, **_ignored):
         runtime = path_or_runtime
         if not isinstance(runtime, VoxtralRuntime):
             runtime = load_voxtral_realtime(runtime, device, dtype or torch.float32)
@@ -44,10 +45,10 @@ class VoxtralCore(KyutaiCore):
         runtime.audio.num_delay_tokens(delay_ms)  # a bad delay fails at load, not at the first request
         self.runtime = runtime
         self.model_name = runtime.name
-        self.delay_ms = delay_ms
+        self.delay_ms, self.early_stop = delay_ms, early_stop
         self.chunk_s, self.segment_s = chunk_s, segment_s
         self.requests: dict[str, KyutaiRequest] = {}
-        self.live = LiveStreams(VoxtralCausal(runtime, delay_ms))
+        self.live = LiveStreams(VoxtralCausal(runtime, delay_ms, early_stop))
 
     def add_request(self, request_id: str, audio: np.ndarray, params: TranscribeParams,
                     sample_rate: int = INPUT_RATE) -> None:
@@ -61,7 +62,7 @@ class VoxtralCore(KyutaiCore):
         if sample_rate != INPUT_RATE:
             raise ValidationError(f"{self.model_name} takes audio at {INPUT_RATE} Hz, got {sample_rate} Hz",
                                   param="sample_rate")
-        stream = VoxtralStream(self.runtime, INPUT_RATE, delay_ms=self.delay_ms)
+        stream = VoxtralStream(self.runtime, INPUT_RATE, delay_ms=self.delay_ms, early_stop=self.early_stop)
         # The model is told no language; the one asked for (if any) is reported back, as Kyutai's core does.
         self.requests[request_id] = KyutaiRequest(request_id, audio, params.language or "en", stream, INPUT_RATE,
                                                   int(self.chunk_s * INPUT_RATE), int(self.segment_s * INPUT_RATE))

@@ -25,8 +25,8 @@ VOXTRAL_LANGUAGES = ("en", "zh", "hi", "es", "ar", "fr", "pt", "ru", "de", "ja",
 class VoxtralCausal:
     """CausalModel over one loaded runtime; every stream at the same delay (the rows could differ)."""
 
-    def __init__(self, runtime: VoxtralRuntime, delay_ms: float | None = None):
-        self.runtime, self.delay_ms = runtime, delay_ms
+    def __init__(self, runtime: VoxtralRuntime, delay_ms: float | None = None, early_stop: bool = False):
+        self.runtime, self.delay_ms, self.early_stop = runtime, delay_ms, early_stop
         audio = runtime.audio
         frame_s = audio.frame_samples / audio.sampling_rate
         # Position p's token has heard the padded audio up to (p + 1) frames: the left padding is the prefix.
@@ -37,7 +37,7 @@ class VoxtralCausal:
         self.batch_encoder = True  # False: each stream's encoder pass alone (the comparison's "before")
 
     def open_stream(self, input_rate: int) -> VoxtralStream:
-        return VoxtralStream(self.runtime, input_rate, delay_ms=self.delay_ms)
+        return VoxtralStream(self.runtime, input_rate, delay_ms=self.delay_ms, early_stop=self.early_stop)
 
     def step(self, streams: list[VoxtralStream], max_frames: int) -> None:
         if self.batch_encoder:

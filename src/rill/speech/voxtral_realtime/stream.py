@@ -11,6 +11,12 @@ silence) and stops where transformers' `generate` stops on that clip: after the 
 generates `frames - prompt` tokens), or at the end-of-sequence token. So a clip fed in any pieces gives
 the tokens `generate` gives on the whole clip.
 
+`early_stop` ends a finished stream sooner, with the same text: in Delayed Streams Modeling a word's
+tokens start `delay` frames after its last frame and follow one a frame, so a streaming pad sampled once
+the decoder has heard the audio's end plus the delay plus a frame (`stop_position`) means no word is in
+flight and none can start: the rest of the padding would be pads. Off by default (transformers' parity:
+random weights write words anywhere); `rill serve` turns it on.
+
 Two ways to drive it: `feed` / `finish` (one stream alone, KyutaiStream's interface), or `push` / `end`
 queue audio and `advance` runs it, with `pop_delta` taking what came out (rill.speech.causal's
 CausalStream, what the speech worker's live streams run).
@@ -45,8 +51,9 @@ class VoxtralStream:
     """
 
     def __init__(self, runtime: VoxtralRuntime, input_rate: int | None = None, *, delay_ms: float | None = None,
-                 keep_logits: bool = False):
+                 keep_logits: bool = False, early_stop: bool = False):
         self.runtime = runtime
+        self.early_stop = early_stop
         audio, tok = runtime.audio, runtime.tokenizer
         self.input_rate = input_rate or audio.sampling_rate
         self.num_delay_tokens = audio.num_delay_tokens(delay_ms)
@@ -69,6 +76,7 @@ class VoxtralStream:
         self.at_eos = False  # the model wrote its end-of-sequence token: nothing more comes out
         self._final = False  # ended, and the last of the audio taken
         self._limit: int | None = None  # positions generate() runs in all, once the end is known
+        self.stopped_early = False  # early_stop ended it: the padding left is dropped unrun
 
     @property
     def num_positions(self) -> int:
@@ -85,6 +93,17 @@ class VoxtralStream:
         tensors = kv + [self._frames, self._encoder.conv1, self._encoder.conv2]
         tensors += [self._encoder.waiting] if self._encoder.waiting is not None else []
         return sum(t.numel() * t.element_size() for t in tensors) + self._mel._buffer.nbytes + self._queue.nbytes
+
+    @property
+    def stop_position(self) -> int | None:
+        """Once ended: the first position whose streaming pad ends the stream under early_stop. The last
+        word's first token comes at position `n_left + audio frames + delay - 1` at the latest (its frame
+        heard plus the delay); one frame more is the margin."""
+        if not self.ended:
+            return None
+        frame = self.runtime.audio.frame_samples
+        num_frames = self.runtime.audio.num_left_pad_tokens + -(-self.num_audio_samples // frame)
+        return num_frames + self.num_delay_tokens
 
     @property
     def decoder_state(self):
@@ -199,7 +218,7 @@ class VoxtralStream:
     def wants_step(self) -> bool:
         """A position past the prompt whose frame has arrived, before the end."""
         return (bool(self._frames.shape[1]) and self.num_positions >= len(self.prompt) and not self.at_eos
-                and self._room > 0)
+                and not self.stopped_early and self._room > 0)
 
     @property
     def _room(self) -> int:
@@ -221,11 +240,14 @@ class VoxtralStream:
             self.logits.append(logits)
         token = self._last_token = int(logits.argmax())
         self.at_eos = token == self.runtime.tokenizer.eos_id
+        if self.early_stop and token == self.runtime.tokenizer.streaming_pad_id and self.ended:
+            self.stopped_early = self.num_positions - 1 >= self.stop_position
         self._new_tokens.append(token)
         self._new_pieces.append(self._utf8.decode(self.runtime.tokenizer.pieces[token]))
 
     def settle(self) -> None:
-        """After a step's positions: an ended stream whose audio is all run is finished."""
+        """After a step's positions: an ended stream whose audio is all run (or stopped early) is finished."""
+        self._final = self._final or self.stopped_early
         if self.finished or not (self._final or self.at_eos):
             return
         self._queue, self._frames = self._queue[:0], self._frames[:, :0]
