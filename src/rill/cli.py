@@ -126,13 +126,24 @@ def _cmd_serve(args) -> int:
         allowed_hosts=hosts_for_bind(args.host, args.allowed_hosts or ()),
         allowed_origins=tuple(args.allowed_origins or ()),
     )
+    speech_options = speech_serve_options(args)
     models = served_models(engine_config(args), model_specs(args.model, args.models, os.environ.get("RILL_MODEL")),
                            args.served_model_name)
     if len(models) > 1:
-        return run(models, server, args.host, args.port, args.shutdown_grace_s, args.speech_model, args.tts_model)
+        return run(models, server, args.host, args.port, args.shutdown_grace_s, args.speech_model, args.tts_model,
+                   **speech_options)
     server.served_model_names = models[0].names
     return run(models[0].config, server, args.host, args.port, args.shutdown_grace_s, args.speech_model,
-               args.tts_model)
+               args.tts_model, **speech_options)
+
+
+def speech_serve_options(args) -> dict:
+    """serve()'s speech model settings; a delay the speech model cannot take fails here, before any model
+    loads (RillError: one line)."""
+    from rill.speech.async_speech import check_speech_delay
+
+    check_speech_delay(args.speech_model, args.speech_delay_ms)
+    return {"speech_delay_ms": args.speech_delay_ms, "speech_early_stop": args.speech_early_stop}
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -179,6 +190,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speech-model", default=_env("SPEECH_MODEL", "rill-tiny-speech"),
                    help="rill-tiny-speech (default; skipped with a log line when not in this build), a local "
                         "Whisper directory, or none: the model of /v1/audio/transcriptions")
+    p.add_argument("--speech-delay-ms", type=float, default=_env("SPEECH_DELAY_MS", None, float), metavar="MS",
+                   help="a Voxtral Realtime speech model's transcription delay: a positive multiple of its 80 ms "
+                        "frame (default: tekken.json's transcription_delay_ms; refused for other models, whose "
+                        "delay is fixed by their weights) [RILL_SPEECH_DELAY_MS]")
+    p.add_argument("--no-speech-early-stop", dest="speech_early_stop", action="store_false",
+                   default=not _env("NO_SPEECH_EARLY_STOP", ""),
+                   help="a Voxtral Realtime stream's end (a commit, an upload's end) runs all of mistral-common's "
+                        "right padding instead of stopping at the first pad past its audio plus the delay "
+                        "[RILL_NO_SPEECH_EARLY_STOP]")
     p.add_argument("--tts-model", default=_env("TTS_MODEL", "espeak"),
                    help="the voice of /v1/audio/speech and spoken answers: espeak (default: espeak-ng's synthesizer, "
                         "no download), a local Kokoro directory (config.json, .pth or safetensors, voices/), or none")

@@ -59,12 +59,14 @@ async def wait_for_stop_signal() -> None:
 
 async def serve(engine_config: EngineConfig | list[ServedModel], server_config: ServerConfig,
                 host: str = "127.0.0.1", port: int = 8000, grace_s: float = 10.0, *, speech_model: str | None = None,
-                tts_model: str | None = "espeak", shutdown_trigger=wait_for_stop_signal,
-                task_status=trio.TASK_STATUS_IGNORED) -> None:
+                tts_model: str | None = "espeak", speech_delay_ms: float | None = None, speech_early_stop: bool = True,
+                shutdown_trigger=wait_for_stop_signal, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `shutdown_trigger` returns (by default: SIGINT or SIGTERM) or an engine dies.
     `engine_config`: one model, or several (rill.model_set), each on its own engine in this nursery.
     `speech_model` ("rill-tiny-speech", a directory, or None) runs the speech worker beside the LLM's;
     `tts_model` ("espeak", a Kokoro directory, or None/"none") the speech-out worker (the voice).
+    `speech_delay_ms` (None: the model's) and `speech_early_stop` set a Voxtral Realtime speech model's
+    transcription delay and whether its streams end at the first pad past the audio (VoxtralStream).
     task_status gets the bound URLs once the server listens. Returns the exit status: 1 when
     an engine died, else 0."""
     from rill.speech.async_speech import open_serving_speech  # torch and the Whisper runtime: only when serving
@@ -73,7 +75,8 @@ async def serve(engine_config: EngineConfig | list[ServedModel], server_config: 
     models = engine_config if isinstance(engine_config, list) else None
     configs = [engine_config] if models is None else [model.config for model in models]
     async with (open_engines(configs) as llms,
-                open_serving_speech(speech_model, device=configs[0].device) as speech,
+                open_serving_speech(speech_model, device=configs[0].device, delay_ms=speech_delay_ms,
+                                    early_stop=speech_early_stop) as speech,
                 open_serving_voice(tts_model) as voice,
                 trio.open_nursery() as nursery):
         if models is None:
@@ -137,6 +140,7 @@ async def _stop_then_set(shutdown_trigger, stopping: trio.Event, engines, on_sto
 
 
 def run(engine_config: EngineConfig | list[ServedModel], server_config: ServerConfig, host: str, port: int,
-        grace_s: float, speech_model: str | None = None, tts_model: str | None = "espeak") -> int:
+        grace_s: float, speech_model: str | None = None, tts_model: str | None = "espeak", **speech_options) -> int:
+    """`speech_options`: serve()'s speech_delay_ms and speech_early_stop."""
     return trio.run(partial(serve, engine_config, server_config, host, port, grace_s, speech_model=speech_model,
-                            tts_model=tts_model))
+                            tts_model=tts_model, **speech_options))

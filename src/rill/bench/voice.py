@@ -63,6 +63,10 @@ def add_arguments(p) -> None:
     p.add_argument("--speech-model", default="rill-tiny-speech", help="rill-tiny-speech, a Whisper directory or a "
                    "causal one (Voxtral Realtime, Kyutai STT); a comma list measures each on a server of its own, on "
                    "the same clips (default %(default)s)")
+    p.add_argument("--speech-delay-ms", type=float, default=None, metavar="MS", help="`rill serve --speech-delay-ms`: "
+                   "a Voxtral Realtime model's transcription delay (default: the model's)")
+    p.add_argument("--no-speech-early-stop", dest="speech_early_stop", action="store_false",
+                   help="`rill serve --no-speech-early-stop`: a commit runs the whole right padding")
     p.add_argument("--n", type=int, default=16, help="questions (default %(default)s)")
     p.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts, swept in order; the sweep stops "
                    "at the first count that falls behind (default %(default)s)")
@@ -272,7 +276,8 @@ async def _server(args, tts_model: str | None = "espeak", speech_model: str | No
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(
             config, ServerConfig(), "127.0.0.1", 0, 1.0, speech_model=speech_model, tts_model=tts_model,
-            shutdown_trigger=stop.wait, task_status=task_status))
+            speech_delay_ms=args.speech_delay_ms if is_causal(speech_model) else None,
+            speech_early_stop=args.speech_early_stop, shutdown_trigger=stop.wait, task_status=task_status))
         try:
             yield binds[0]
         finally:
@@ -358,7 +363,8 @@ def _config(clips: list[Clip], bound_s: float, args) -> dict:
     return {"llm": args.llm, "speech_model": str(args.speech_model), "n": len(clips), "silence_ms": args.silence_ms,
             "chunk_ms": CHUNK_S * 1000, "streams": args.streams, "keep_up_ms": args.keep_up_ms,
             "voices": args.voices, "kokoro_shape": args.kokoro_shape, "spoken_sessions": args.spoken_sessions,
-            "max_tokens": args.max_tokens, "clip_bound_s": bound_s,
+            "max_tokens": args.max_tokens, "clip_bound_s": bound_s, "speech_delay_ms": args.speech_delay_ms,
+            "speech_early_stop": args.speech_early_stop,
             "causal": [is_causal(model) for model in speech_models(args)]}
 
 

@@ -261,19 +261,49 @@ class AsyncSpeechEngine:
 def speech_core(directory: Path, **core_kwargs):
     """The core for the directory's kind, read from config.json's model_type: Kyutai STT streams
     (rill.speech.kyutai), Voxtral Realtime streams (rill.speech.voxtral_realtime), anything else is a
-    Whisper directory. All offer SpeechCore's interface."""
+    Whisper directory. All offer SpeechCore's interface. `delay_ms` and `early_stop` are Voxtral's: a
+    delay asked of another kind is refused (Kyutai's and Whisper's are fixed by their weights)."""
     from rill.speech.kyutai.loader import is_kyutai_dir
     from rill.speech.voxtral_realtime.loader import is_voxtral_realtime_dir
 
+    if is_voxtral_realtime_dir(directory):
+        from rill.speech.voxtral_realtime.core import VoxtralCore
+
+        try:
+            return VoxtralCore(str(directory), **core_kwargs)
+        except ValueError as exc:  # a delay that is not a multiple of the model's frame
+            raise ModelLoadError(f"{directory.name}: {exc}") from None
+    core_kwargs.pop("early_stop", None)
+    if core_kwargs.pop("delay_ms", None) is not None:
+        raise _fixed_delay(directory)
     if is_kyutai_dir(directory):
         from rill.speech.kyutai.core import KyutaiCore
 
         return KyutaiCore(str(directory), **core_kwargs)
-    if is_voxtral_realtime_dir(directory):
-        from rill.speech.voxtral_realtime.core import VoxtralCore
-
-        return VoxtralCore(str(directory), **core_kwargs)
     return SpeechCore(str(directory), **core_kwargs)
+
+
+def check_speech_delay(name: str | Path | None, delay_ms: float | None) -> None:
+    """`rill serve --speech-delay-ms`, checked before any model loads: only a Voxtral Realtime model takes
+    a delay, and only a positive multiple of its frame. Raises ModelLoadError."""
+    from rill.speech.voxtral_realtime.config import AudioSpec, read_json
+    from rill.speech.voxtral_realtime.loader import is_voxtral_realtime_dir
+
+    if delay_ms is None or name is None or name == "none":
+        return
+    directory = resolve_speech_model(name)
+    if not is_voxtral_realtime_dir(directory):
+        raise _fixed_delay(directory)
+    audio = read_json(directory / "tekken.json").get("audio") or {}
+    try:
+        AudioSpec.from_dir(directory, audio).num_delay_tokens(delay_ms)
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"{directory.name}: --speech-delay-ms: {exc}") from None
+
+
+def _fixed_delay(directory: Path) -> ModelLoadError:
+    return ModelLoadError(f"{directory.name}: --speech-delay-ms sets the transcription delay of a Voxtral Realtime "
+                          f"model; this model's delay is fixed by its weights (Whisper, Kyutai STT)")
 
 
 @asynccontextmanager
