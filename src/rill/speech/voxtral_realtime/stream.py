@@ -77,6 +77,7 @@ class VoxtralStream:
         self._final = False  # ended, and the last of the audio taken
         self._limit: int | None = None  # positions generate() runs in all, once the end is known
         self.stopped_early = False  # early_stop ended it: the padding left is dropped unrun
+        self._num_taken = 0  # samples taken off the queue (the left padding included)
 
     @property
     def num_positions(self) -> int:
@@ -104,6 +105,18 @@ class VoxtralStream:
         frame = self.runtime.audio.frame_samples
         num_frames = self.runtime.audio.num_left_pad_tokens + -(-self.num_audio_samples // frame)
         return num_frames + self.num_delay_tokens
+
+    def _frame_limit(self, max_frames: int | None) -> int | None:
+        """Under early_stop an ended stream takes the frames up to its stop position at once (one worker
+        step rather than several of `max_frames`, and alone no padding past it), plus one for the front
+        end's look-ahead; past the stop without a pad, the rest as asked."""
+        if not (self.early_stop and self.ended):
+            return max_frames
+        frame = self.runtime.audio.frame_samples
+        to_stop = -(-((self.stop_position + 1) * frame - self._num_taken) // frame) + 1
+        if to_stop <= 1:
+            return max_frames
+        return to_stop if max_frames is None else max(max_frames, to_stop)
 
     @property
     def decoder_state(self):
@@ -157,13 +170,17 @@ class VoxtralStream:
 
     def advance(self, max_frames: int | None = None) -> None:
         """Run up to `max_frames` frames of the queued audio (all of it by default) through the model."""
-        self.prepare(max_frames)
-        while self.wants_step:
-            token, audio = self.step_inputs()
-            hidden = self.runtime.model.language_model(torch.tensor([[token]], device=self.runtime.device), audio,
-                                                       self._decoder)
-            self.take_hidden(hidden[:, -1])
-        self.settle()
+        while True:
+            self.prepare(max_frames)
+            while self.wants_step:
+                token, audio = self.step_inputs()
+                hidden = self.runtime.model.language_model(torch.tensor([[token]], device=self.runtime.device),
+                                                           audio, self._decoder)
+                self.take_hidden(hidden[:, -1])
+            self.settle()
+            # all of it: under early_stop the end's padding comes in two parts, up to the stop and the rest
+            if max_frames is not None or self.finished or self.at_eos or not self._queue.size:
+                return
 
     def prepare(self, max_frames: int | None = None) -> None:
         """Take up to `max_frames` frames of queued audio through the front end and the encoder, and run
@@ -180,8 +197,10 @@ class VoxtralStream:
         for the encoder (`encoder_state`), or None when none is complete."""
         if self.finished:
             return None
+        max_frames = self._frame_limit(max_frames)
         size = self._queue.size if max_frames is None else max_frames * self.runtime.audio.frame_samples
         samples, self._queue = self._queue[:size], self._queue[size:]
+        self._num_taken += samples.size
         self._final = self.ended and not self._queue.size
         if self.at_eos:
             return None
