@@ -102,12 +102,17 @@ def live_transcript(runtime, audio: np.ndarray, early_stop: bool) -> tuple[str, 
 
 
 def test_a_live_commit_stops_early_and_writes_what_the_file_path_writes(runtime, clips):
+    at_the_stop = 0
     for audio in clips[:2]:
         expected, _, stream = alone(runtime, audio, early_stop=True)
         text, num_steps, end_steps = live_transcript(runtime, audio, early_stop=True)
         full_text, full_num_steps, full_end_steps = live_transcript(runtime, audio, early_stop=False)
         assert text == expected == full_text and num_steps == stream.num_positions
         assert num_steps < full_num_steps and end_steps <= full_end_steps
+        if stream.num_positions - 1 == stream.stop_position:  # the last word was out by then:
+            at_the_stop += 1
+            assert end_steps == 1 < full_end_steps  # the frames up to the stop ran in one worker step
+    assert at_the_stop  # "What is rill?"
 
 
 # -- the delay as a server setting ---------------------------------------------------------------------------
