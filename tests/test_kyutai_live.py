@@ -185,10 +185,8 @@ async def test_spoken_words_flow_into_the_chat_prompt_and_are_answered(llm_dir, 
                                             {"type": "semantic_vad", "eagerness": "high"}])
 async def test_turn_detection_on_the_causal_stream(llm_dir, kyutai_dir, runtime, turn_detection):
     """The client's own silence ends the turn (semantic_vad: the chat model's answer at the pause, or
-    its cap of 2 s of silence at eagerness high). A random model writes on through the silence, so the turn's
-    end waits its longest for a pad (MAX_HOLD_FRAMES): the clip's own silence covers that, so the stream
-    hears only the client's audio, as the offline transcript does (the server would fill in silence)."""
-    audio = np.concatenate([silence(0.5), speak("What is twelve plus thirty?"), silence(4.0)])
+    its cap of 2 s of silence at eagerness high)."""
+    audio = np.concatenate([silence(0.5), speak("What is twelve plus thirty?"), silence(2.5)])
     async with voice_server(llm_dir, kyutai_dir) as server, voice_client(server) as client:
         await client.update(type="transcription", audio={"input": {
             "transcription": {"model": str(kyutai_dir)}, "turn_detection": turn_detection}})
