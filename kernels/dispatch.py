@@ -16,13 +16,17 @@ from rill.kernels import cpu_attn, reference
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    return _triton_runs_on(t.device)
+
+
+def _triton_runs_on(device: torch.device) -> bool:
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def check_head_dim(head_dim: int, device: torch.device) -> None:
     """Refuse at load, not at the first attention call, a head size the device's kernels cannot run:
     the Triton kernels take powers of two from 16 (the CPU kernels take any)."""
-    if _use_triton(torch.empty(0, device=device)):
+    if _triton_runs_on(torch.device(device)):
         from rill.kernels import triton_attn
 
         try:
