@@ -72,7 +72,7 @@ def test_early_stop_writes_the_full_padding_text_in_fewer_steps(runtime, clips):
             assert stream.num_positions - 1 >= stream.stop_position  # was heard
             assert stream._last_token == runtime.tokenizer.streaming_pad_id
         num_full, num_early = num_full + full_steps, num_early + early_steps
-    assert num_early < 0.8 * num_full  # 43 of 68 steps with the shipped weights (phase 2)
+    assert num_early < 0.8 * num_full  # the shipped weights' last words are out soon after the stop
 
 
 def test_the_full_padding_stays_the_default_of_a_stream_and_of_a_core(runtime, clips):
@@ -123,8 +123,7 @@ def test_a_live_commit_stops_early_and_writes_what_the_file_path_writes(runtime,
 
 def serve_args(monkeypatch, *argv: str):
     """`rill serve ARGV` as the CLI parses it, RILL_* read from the environment when the parser is built."""
-    for name, value in (("SPEECH_DELAY_MS", "160"),):
-        monkeypatch.setenv(f"RILL_{name}", value)
+    monkeypatch.setenv("RILL_SPEECH_DELAY_MS", "160")
     return cli.build_parser().parse_args(["serve", *argv])
 
 
