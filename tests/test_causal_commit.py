@@ -21,7 +21,7 @@ import trio
 
 from helpers_models import make_model_dir
 from helpers_server import one_torch_thread  # noqa: F401
-from helpers_voice import needs_espeak, of_type, pcm16_b64, speak, voice_client
+from helpers_voice import needs_espeak, of_type, pcm16_b64, silence, speak, voice_client
 from rill import cli
 from rill.config import EngineConfig
 from rill.server import serve
@@ -192,8 +192,7 @@ async def served(llm_dir, args):
 
 async def test_rill_serve_transcribes_at_the_delay_it_was_given(monkeypatch, tmp_path, runtime, clips):
     """RILL_SPEECH_DELAY_MS=160: the upload's tokens and a realtime commit's transcript are a 160 ms stream's
-    with the early stop (rill-tiny-causal is trained at 480 ms only: the words at 160 are poor, the tokens
-    still pin the delay), not the 480 ms stream's."""
+    with the early stop, not those of a stream at the model's default delay (80 ms)."""
     llm_dir = make_model_dir(tmp_path / "qwen2", "qwen2")
     args = serve_args(monkeypatch, "--speech-model", RILL_TINY_CAUSAL)
     audio = clips[0]
@@ -213,8 +212,34 @@ async def test_rill_serve_transcribes_at_the_delay_it_was_given(monkeypatch, tmp
     stream = VoxtralStream(runtime, RATE, delay_ms=160, early_stop=True)
     tokens = stream.feed(audio).token_ids + stream.finish().token_ids
     assert stream.num_delay_tokens == 2 and sum((s.tokens for s in verbose.segments), []) == tokens
-    at_480 = VoxtralStream(runtime, RATE, early_stop=True)
-    assert tokens != at_480.feed(audio).token_ids + at_480.finish().token_ids
+    at_default = VoxtralStream(runtime, RATE, early_stop=True)
+    assert at_default.num_delay_tokens == 1
+    assert tokens != at_default.feed(audio).token_ids + at_default.finish().token_ids
     wire = decode_pcm16(pcm16_b64(audio), len(audio))
     expected = alone(runtime, wire, delay_ms=160, early_stop=True)[0].strip()
+    assert of_type(events, COMPLETED)[0]["transcript"] == expected
+
+
+@pytest.mark.parametrize("after_s", [2.0, 0.6], ids=["client-sends-silence", "client-stops-after-the-vad-silence"])
+async def test_a_server_vad_turn_ends_after_the_word_in_flight(monkeypatch, tmp_path, runtime, after_s):
+    """server_vad ends a turn at the step that hears the end of speech plus the delay and a frame; a word still
+    being written there (a spelled-out word: a token a frame, here 7 frames past that step) holds the turn's end
+    until the word is whole, so the turn's transcript is the whole recording's and not cut inside its last
+    word (it was: 'Reverse the word "zi'). A client that stops sending once the VAD's 500 ms of silence are
+    out gets the rest of the hold filled with silence: the turn still completes, with the same words."""
+    llm_dir = make_model_dir(tmp_path / "qwen2", "qwen2")
+    args = serve_args(monkeypatch, "--speech-model", RILL_TINY_CAUSAL)
+    spoken = np.concatenate([silence(0.5), speak('Reverse the word "cinder".')])
+    audio = np.concatenate([spoken, silence(after_s)])
+    async with served(llm_dir, args) as server:
+        async with voice_client(server) as ws:
+            await ws.update(type="transcription", audio={"input": {
+                "transcription": {"model": RILL_TINY_CAUSAL},
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}})
+            await ws.stream(audio, 0.1, 4.0)
+            with trio.fail_after(10):
+                events = await ws.until(COMPLETED)
+    whole = np.concatenate([spoken, silence(2.0)])
+    expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), early_stop=True)[0].strip()
+    assert len(expected.split()[-1]) > 5  # a spelled-out last word: many tokens, one a frame
     assert of_type(events, COMPLETED)[0]["transcript"] == expected

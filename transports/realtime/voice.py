@@ -181,7 +181,7 @@ class VoiceInput:
             case SpeechStopped():
                 self.conn.emit(SpeechStoppedEvent(audio_end_ms=event.audio_end_ms, item_id=self._item()))
             case TranscriptDelta():
-                self._delta(event.text)
+                self._delta(event.text, event.gap)
             case TranscriptDone():
                 self._done(event)
             case SpeechFailed():
@@ -208,12 +208,13 @@ class VoiceInput:
                 self.conn.interrupt()  # barge-in
             self.conn.spoken.barge_in()  # a spoken answer still playing: cut to what was heard by now
 
-    def _delta(self, text: str) -> None:
+    def _delta(self, text: str, gap: str = "") -> None:
         item_id = self._item()
         index = self.conn.video.audio_index()  # after the live video the words follow, as the committed item has it
         self.conn.emit(InputTranscriptionDelta(item_id=item_id, delta=text, content_index=index))
-        if self.conn.speaks_vllm:
-            self.conn.emit(TranscriptionDelta(delta=text))  # vLLM's event, for vLLM's clients only
+        if self.conn.speaks_vllm:  # vLLM's event, for vLLM's clients only: one running text, in which a
+            # later turn's first word keeps the space the model wrote before it
+            self.conn.emit(TranscriptionDelta(delta=gap + text))
         if not self._transcribing_only:
             if self.conn.state is State.COMMITTED:
                 self.conn.drop_input()  # an uncommitted-to answer: the new words make a new turn

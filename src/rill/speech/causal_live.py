@@ -17,7 +17,10 @@ Turns:
   new stream. A turn's transcript is thus the whole-recording transcript of its audio.
 - server_vad: the detector's end of speech at t ends the turn at the step that hears t + the model's
   delay (plus a frame); the stream goes on. If the client's audio does not reach that far within the
-  delay (plus FILL_AFTER_S), the missing part is fed as silence (the speaker was silent already).
+  delay (plus FILL_AFTER_S), the missing part is fed as silence (the speaker was silent already). A word
+  still being written at that step (a word's tokens come one a frame: a spelled-out word or a number takes
+  several) holds the turn's end until the word is whole (the next pad or word), at most MAX_HOLD_FRAMES:
+  the turn's last word is not cut in two.
 - semantic_vad: at a pause, once the words up to it are out (the same step rule), the chat model is
   asked whether they end the turn (rill.speech.semantic_vad), as LiveTranscriber does.
 Nothing here runs a model on the trio thread: the VAD runs in `trio.to_thread`, the model in the worker.
@@ -42,6 +45,7 @@ from rill.speech.vad import SAMPLE_RATE, Activity, VadEvent, VoiceActivity
 
 MARGIN_FRAMES = 1  # a turn ends one frame after the step that hears its end plus the delay
 FILL_AFTER_S = 0.3  # past the model's delay: how long a turn's end waits for the client's own audio
+MAX_HOLD_FRAMES = 12  # how far past its step a turn's end waits for the word in flight to be whole
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class _Live:
     num_steps: int = 0  # the worker's steps of it read so far
     boundaries: deque[_Boundary] = field(default_factory=deque)
     final: bool | None = None  # set by the commit that ended it
+    closing: int | None = None  # server_vad: a turn's end held for the word in flight; at this step at the latest
 
 
 class CausalLiveTranscriber(QueuedInput):
@@ -89,6 +94,8 @@ class CausalLiveTranscriber(QueuedInput):
         self._num_pauses = 0
         self._words: list[str] = []  # the turn's words emitted
         self._held = ""  # the word being written
+        self._heard_any = False  # a word was emitted in an earlier turn (TranscriptDelta.gap)
+        self._gap = ""  # the space written before the turn's first word, until the word comes
         self._turn_start = 0
         self.num_samples = 0  # fed by the client
         self._num_streamed = 0  # of those, given to a stream (the detector's sample indices count the same)
@@ -180,7 +187,7 @@ class CausalLiveTranscriber(QueuedInput):
                     live.handle.close()
             self._drain_queued()
             self._live = None
-            self._words, self._held = [], ""
+            self._words, self._held, self._gap = [], "", ""
             return
         if self._live is None:  # nothing heard since the last commit: an empty turn
             self._live = _Live(self.speech.open_live(SAMPLE_RATE), 0)
@@ -213,14 +220,27 @@ class CausalLiveTranscriber(QueuedInput):
         step = math.ceil((heard_at + info.prefix_s + info.delay_s) / info.frame_s) + MARGIN_FRAMES
         live.boundaries.append(_Boundary(step, check, self._num_pauses, at_sample))
         if not check:
-            needed = math.ceil(((step + 1) * info.frame_s - info.prefix_s) * SAMPLE_RATE)
-            self._nursery.start_soon(self._fill_silence, live, needed)
+            self._nursery.start_soon(self._fill_silence, live, self._needed(step))
+
+    def _needed(self, step: int) -> int:
+        """16 kHz samples a stream must have been fed for its step `step` to run."""
+        return math.ceil(((step + 1) * self.info.frame_s - self.info.prefix_s) * SAMPLE_RATE)
 
     async def _fill_silence(self, live: _Live, needed: int) -> None:
         """The turn must end even if the client stops sending after it: audio still missing once the
         model's delay has passed in wall time is fed as silence (a streaming client's own audio, when it
         comes in time, keeps the stream exactly what it heard)."""
         await trio.sleep(self.info.delay_s + FILL_AFTER_S)
+        self._fill(live, needed)
+
+    async def _fill_hold(self, live: _Live, closing: int) -> None:
+        """A turn's end held for its last word: if the client's audio has not reached the hold's last step
+        FILL_AFTER_S later, the rest is silence (fed only while this hold lasts: a pad ends it sooner)."""
+        await trio.sleep(FILL_AFTER_S)
+        if live.closing == closing:
+            self._fill(live, self._needed(closing))
+
+    def _fill(self, live: _Live, needed: int) -> None:
         missing = needed - live.num_fed
         if missing > 0 and live is self._live:
             count = math.ceil(missing * live.rate / SAMPLE_RATE)
@@ -253,10 +273,13 @@ class CausalLiveTranscriber(QueuedInput):
                 first = delta.num_steps - len(delta.token_ids)
                 for i, piece in enumerate(delta.pieces):
                     await self._reach(live, first + i)
+                    if live.closing is not None and (not piece or piece[:1].isspace() or first + i >= live.closing):
+                        self._end_held(live)  # the held turn's last word is whole (or the hold ran out)
                     self._write(piece, delta.token_ids[i] if i < len(delta.token_ids) else None)
                 live.num_steps = delta.num_steps
                 await self._reach(live, delta.num_steps)
                 if delta.finished is not None and live.final is not None:
+                    live.closing = None  # the commit ends the turn, whatever was in flight
                     self._close_turn(by_commit=True, final=live.final)
                 self._signal_progress()
         except trio.ClosedResourceError:
@@ -266,8 +289,14 @@ class CausalLiveTranscriber(QueuedInput):
         """The stream has run every step before `step`: the boundaries behind it take effect."""
         while live.boundaries and live.boundaries[0].step < step:
             boundary = live.boundaries.popleft()
+            if live.closing is not None:  # a later boundary came while a turn's end was held: it ends now
+                self._end_held(live)
             if not boundary.check:
-                self._close_turn(by_commit=False, final=False)
+                if self._held:  # a word in flight: the turn ends once it is whole
+                    live.closing = step + MAX_HOLD_FRAMES
+                    self._nursery.start_soon(self._fill_hold, live, live.closing)
+                else:
+                    self._close_turn(by_commit=False, final=False)
             elif await self._turn_ends(boundary):
                 self._in_turn = False
                 self._emit(SpeechStopped(boundary.speech_end * 1000 // SAMPLE_RATE))
@@ -292,11 +321,18 @@ class CausalLiveTranscriber(QueuedInput):
 
     def _release(self) -> None:
         word, self._held = self._held, ""
-        if not self._words:
-            word = word.lstrip()
+        gap = ""
+        if not self._words:  # a turn's first word: its space goes to `gap` (kept until a word comes)
+            self._gap += word[: len(word) - len(word.lstrip())]
+            word, gap = word.lstrip(), self._gap
         if word:
             self._words.append(word)
-            self._emit(TranscriptDelta(word))
+            self._emit(TranscriptDelta(word, gap if self._heard_any else ""))
+            self._heard_any, self._gap = True, ""
+
+    def _end_held(self, live: _Live) -> None:
+        live.closing = None
+        self._close_turn(by_commit=False, final=False)
 
     def _close_turn(self, by_commit: bool, final: bool) -> None:
         self._release()

@@ -88,6 +88,8 @@ class SpeechStopped(msgspec.Struct, frozen=True):
 
 class TranscriptDelta(msgspec.Struct, frozen=True):
     text: str  # final words; the turn's first delta has no leading space
+    gap: str = ""  # what the model wrote before a later turn's first word: its space, or nothing (a word a
+    # turn's end cut in two goes on); vLLM's running transcript puts it back
 
 
 class TranscriptDone(msgspec.Struct, frozen=True):
