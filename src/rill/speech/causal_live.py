@@ -99,6 +99,7 @@ class CausalLiveTranscriber(QueuedInput):
         self._turn_start = 0
         self.num_samples = 0  # fed by the client
         self._num_streamed = 0  # of those, given to a stream (the detector's sample indices count the same)
+        self._streamed_at = 0.0  # when the client's audio last went to a stream (trio clock)
         self.num_streams = 0
         self.failed = False
 
@@ -168,6 +169,7 @@ class CausalLiveTranscriber(QueuedInput):
             self._live.handle.feed(pcm)
             self._live.num_fed += len(pcm) * SAMPLE_RATE / self._live.rate
         self._num_streamed += len(samples)
+        self._streamed_at = trio.current_time()
 
     @staticmethod
     def _stream_audio(rate: int, samples: np.ndarray, native: tuple[np.ndarray, int] | None) -> np.ndarray:
@@ -234,11 +236,15 @@ class CausalLiveTranscriber(QueuedInput):
         self._fill(live, needed)
 
     async def _fill_hold(self, live: _Live, closing: int) -> None:
-        """A turn's end held for its last word: if the client's audio has not reached the hold's last step
-        FILL_AFTER_S later, the rest is silence (fed only while this hold lasts: a pad ends it sooner)."""
-        await trio.sleep(FILL_AFTER_S)
-        if live.closing == closing:
-            self._fill(live, self._needed(closing))
+        """A turn's end held for its last word: once the client has sent no audio for FILL_AFTER_S, what the
+        hold's last step needs is fed as silence. A client that keeps sending, silence included, is never
+        padded out (inserted silence would delay all its later words), and a pad ends the hold sooner."""
+        while live.closing == closing and live is self._live:
+            quiet_s = trio.current_time() - self._streamed_at
+            if quiet_s >= FILL_AFTER_S:
+                self._fill(live, self._needed(closing))
+                return
+            await trio.sleep(FILL_AFTER_S - quiet_s)
 
     def _fill(self, live: _Live, needed: int) -> None:
         missing = needed - live.num_fed
