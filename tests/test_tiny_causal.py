@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 
 import numpy as np
 import openai
@@ -26,7 +27,7 @@ from test_voxtral_realtime_serving import llm_dir, voxtral_server  # noqa: E402,
 from rill.speech.voxtral_realtime import VoxtralStream, load_voxtral_realtime  # noqa: E402
 from rill.tiny_causal import model as M  # noqa: E402
 from rill.tiny_causal import targets, timings, train  # noqa: E402
-from rill.tiny_causal.vocab import PAD, Vocab, word_pieces  # noqa: E402
+from rill.tiny_causal.vocab import NUM_SPECIAL, PAD, Vocab, subword_pieces, word_pieces  # noqa: E402
 
 DELAY, N_LEFT = 6, train.N_LEFT
 
@@ -151,6 +152,67 @@ def test_eval_backend_takes_the_delay_and_refuses_a_bad_one(trained, data):
     assert StreamBackend(trained, 160).transcribe([audio]) == [expected]
     with pytest.raises(ValueError, match="multiple"):
         StreamBackend(trained, 100)
+
+
+def test_merges_spell_fewer_tokens_and_keep_every_id(tmp_path):
+    """--merges: subword pieces (byte-pair merges over what the word pieces leave spelled out) come after
+    the word pieces, so every old id stays; word pieces still match whole words only, subword pieces
+    anywhere; text round-trips and held-out questions take fewer tokens; tekken.json keeps the split."""
+    from rill.tiny import splits
+    from rill.tiny_speech import transcripts
+
+    words = Vocab(word_pieces(256))
+    merges = subword_pieces(words, 48, utterances=500)
+    assert merges == subword_pieces(words, 48, utterances=500) and len(set(merges)) == 48
+    assert any(m[:1] == b" " for m in merges)  # a spelled word's leading space merges too
+    vocab = words.with_merges(merges)
+    assert vocab.pieces[: len(words.pieces)] == words.pieces and vocab.num_subwords == 48
+    assert vocab.num_word_pieces == words.num_word_pieces and vocab.size == words.size + 48
+    rng = random.Random(3)
+    texts = [" " + transcripts.make_utterance(rng, transcripts.sample_family(rng), splits.EVAL).text for _ in range(200)]
+    assert all(vocab.decode(vocab.encode(t)) == t for t in texts)
+    assert sum(len(vocab.encode(t)) for t in texts) < 0.85 * sum(len(words.encode(t)) for t in texts)
+    piece = next(p for p in words.pieces[256:] if p[1:].isalpha())  # a word piece: " what"
+    assert words.ids[piece] not in vocab.encode(piece.decode() + "zz")  # not inside a longer word
+    assert vocab.encode(piece.decode()) == [words.ids[piece]]
+    vocab.save(tmp_path, {})
+    loaded = Vocab.load(tmp_path)
+    assert loaded.pieces == vocab.pieces and loaded.num_word_pieces == vocab.num_word_pieces
+    assert all(loaded.encode(t) == vocab.encode(t) for t in texts[:20])
+    words.save(tmp_path, {})
+    assert "rill_word_pieces" not in json.loads((tmp_path / "tekken.json").read_text())  # older files unchanged
+
+
+def test_merges_grow_a_checkpoint_it_keeps_streaming(trained, cache, data, tmp_path):
+    """--init-from with --merges: the embedding (tied with the output head) grows, the old rows kept and each
+    new row the mean of its piece's bytes' rows; the checkpoint loads in rill's runtime and streams as it
+    decodes whole; a second --merges on it is refused."""
+    model, _, words = M.load(trained)
+    before = model.get_input_embeddings().weight.detach().clone()
+    vocab = words.with_merges(subword_pieces(words, 8, utterances=300))
+    M.grow_vocab(model, words, vocab)
+    after = model.get_input_embeddings().weight
+    assert after.shape[0] == vocab.size == model.config.text_config.vocab_size
+    assert model.get_output_embeddings().weight is after and torch.equal(after[: words.size], before)
+    piece = vocab.pieces[-1]
+    assert torch.allclose(after[vocab.ids[piece]], before[[NUM_SPECIAL + b for b in piece]].mean(0))
+
+    out = tmp_path / "merged"
+    train.main(["--out", str(out), "--init-from", str(trained), "--merges", "8", "--steps", "2", "--batch-size", "2",
+                "--clips", "8", "--shard-size", "8", "--warmup", "1", "--cache-dir", str(cache)])
+    grown = Vocab.load(out)
+    assert grown.num_subwords == 8 and grown.pieces[: len(words.pieces)] == words.pieces
+    runtime = load_voxtral_realtime(out)
+    audio = data.clips.audio(0)
+    whole = VoxtralStream(runtime, 16_000)
+    tokens = whole.feed(audio).token_ids + whole.finish().token_ids
+    stream, pieces = VoxtralStream(runtime, 16_000), []
+    for start in range(0, len(audio), 1000):
+        pieces += stream.feed(audio[start : start + 1000]).token_ids
+    assert pieces + stream.finish().token_ids == tokens
+    with pytest.raises(SystemExit, match="subword pieces already"):
+        train.main(["--out", str(tmp_path / "again"), "--init-from", str(out), "--merges", "8", "--steps", "1",
+                    "--clips", "8", "--shard-size", "8", "--cache-dir", str(cache)])
 
 
 @pytest.mark.parametrize("bad", ["100", "0", "160,-80", ","])

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rill.tiny_causal.targets import FRAME, RIGHT_PAD_FRAMES
-from rill.tiny_causal.vocab import Vocab
+from rill.tiny_causal.vocab import NUM_SPECIAL, Vocab
 
 SHAPES = {
     # d_model 192: the decoder 3 layers, the encoder 3 (20 ms positions), 64 mel bins
@@ -59,6 +59,18 @@ def load(path: Path):
 
     return (VoxtralRealtimeForConditionalGeneration.from_pretrained(path), VoxtralRealtimeFeatureExtractor.from_pretrained(path),
             Vocab.load(path))
+
+
+def grow_vocab(model, old: Vocab, new: Vocab) -> None:
+    """`new` extends `old` (the same ids, pieces appended): the embedding and the output head take the new
+    rows, each the mean of its piece's bytes' rows, and the config its size."""
+    assert new.pieces[: len(old.pieces)] == old.pieces
+    model.resize_token_embeddings(new.size, mean_resizing=False)
+    rows = [model.get_input_embeddings().weight, model.get_output_embeddings().weight]
+    with torch.no_grad():
+        for weight in {id(w): w for w in rows}.values():
+            for piece in new.pieces[len(old.pieces):]:
+                weight[new.ids[piece]] = weight[[NUM_SPECIAL + b for b in piece]].mean(0)
 
 
 def save(path: Path, model, extractor, vocab: Vocab, delay_ms: int, n_left: int) -> Path:

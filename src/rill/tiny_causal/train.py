@@ -2,7 +2,7 @@
 
     rill train-tiny-causal [--out DIR] [--steps N] [--clips N] [--threads 1] [--delay-ms 480]
                            [--delays-ms 160,80,240,480] [--init-from DIR] [--max-minutes M]
-                           [--checkpoint-every N]
+                           [--checkpoint-every N] [--merges N]
 
 Word-timed training questions (rill.tiny_causal.timings, cached by seed), each clip padded as a live
 stream pads it, its delayed text stream (rill.tiny_causal.targets) as the teacher-forced input and
@@ -14,6 +14,11 @@ the labels; AdamW with a linear warm-up and a cosine decay; a checkpoint every N
 its decoder on the delay (a sinusoidal embedding of it scales every MLP), so one checkpoint serves any
 of them and the delay becomes a setting of the server (`rill serve --speech-delay-ms`), as Voxtral
 Realtime's own is. The first is the checkpoint's default (tekken.json's `transcription_delay_ms`).
+
+`--merges N` adds N byte-pair subword pieces to the tokenizer (rill.tiny_causal.vocab.subword_pieces), so a
+word the word pieces do not cover (a held-out value, a number) takes fewer 80 ms frames. With `--init-from`
+a checkpoint without them grows its embedding (tied with the output head): every old row is kept and a new
+piece's row starts as the mean of its bytes' rows.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and save) after this much training time")
     p.add_argument("--cache-dir", type=Path, default=timings.DEFAULT_CACHE)
     p.add_argument("--shard-size", type=int, default=128)
+    p.add_argument("--merges", type=int, default=0,
+                   help="add this many subword pieces (byte-pair merges) to the tokenizer; with --init-from, "
+                        "to a checkpoint that has none")
     return p.parse_args(argv)
 
 
@@ -131,8 +139,16 @@ def setup(args):
         audio = json.loads((args.init_from / "tekken.json").read_text())["audio"]
         delay_ms = int(audio["transcription_delay_ms"])
         state = json.loads((args.init_from / "train_state.json").read_text()) if (args.init_from / "train_state.json").exists() else {}
+        if args.merges:
+            if vocab.num_subwords:
+                raise SystemExit(f"--merges: {args.init_from} has {vocab.num_subwords} subword pieces already")
+            grown = vocab.with_merges(V.subword_pieces(vocab, args.merges, args.seed))
+            M.grow_vocab(model, vocab, grown)
+            vocab = grown
         return model, extractor, vocab, delay_ms, state.get("total_steps", 0)
     vocab = V.Vocab(V.word_pieces(seed=args.seed))
+    if args.merges:
+        vocab = vocab.with_merges(V.subword_pieces(vocab, args.merges, args.seed))
     model, extractor = M.create(vocab, args.shape, args.seed)
     return model, extractor, vocab, args.delay_ms, 0
 
