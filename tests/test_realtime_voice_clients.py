@@ -17,6 +17,7 @@ from helpers_models import make_model_dir
 from helpers_server import one_torch_thread  # noqa: F401
 from helpers_voice import needs_espeak, pcm16_b64, silence, speak, voice_server
 from helpers_whisper import make_whisper_dir
+from rill.speech.whisper import RILL_TINY_SPEECH, speech_model_path
 from rill.transports.http import ServerConfig
 from rill.transports.realtime.driver import RealtimeConfig
 
@@ -129,3 +130,21 @@ async def test_websockets_client_in_vllms_transcription_flow(llm_dir, speech_dir
     assert events[1]["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16_000}
     text = "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
     assert events[-1]["text"] == text.strip() != ""
+
+
+async def test_vllms_running_transcript_keeps_the_space_between_turns(llm_dir):
+    """Two questions with a pause that server VAD ends a turn at (rill-tiny-speech hears them): vLLM's
+    `transcription.delta` text is one running transcript, so the second turn's first word keeps its space
+    ("...thirty? What..."), as `transcription.done` joins the turns."""
+    speech_dir = speech_model_path(RILL_TINY_SPEECH)
+    audio = np.concatenate([silence(0.3), speak("What is twelve plus thirty?"), silence(1.2),
+                            speak("What is rill?"), silence(1.0)])
+    async with voice_server(llm_dir, speech_dir) as server:
+        with trio.fail_after(90):
+            events = await trio.to_thread.run_sync(vllm_transcribe, server.realtime_url("http"), str(speech_dir),
+                                                   audio, abandon_on_cancel=True)
+    types = [e["type"] for e in events]
+    assert types[-1] == "transcription.done" and "error" not in types, types
+    text = "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
+    assert events[-1]["text"] == text.strip()
+    assert "? What" in text, text

@@ -216,6 +216,7 @@ class LiveTranscriber(QueuedInput):
         self._generation = 0  # bumped by clear: results of passes begun before it are dropped
         self._interim_scope: trio.CancelScope | None = None  # the interim pass in flight
         self._turn_words: list[str] = []
+        self._heard_any = False  # words were emitted in an earlier turn (TranscriptDelta.gap)
         self._turn_samples = 0
         self._num_labelled = 0  # samples through the VAD
         self._num_routed = 0  # samples placed in a segment or in _recent
@@ -490,12 +491,14 @@ class LiveTranscriber(QueuedInput):
     def _commit(self, words: list[str]) -> None:
         if not words:
             return
-        text = "".join(words)
-        if not self._turn_words:
-            text = text.lstrip()
+        text, gap = "".join(words), ""
+        if not self._turn_words:  # a turn's first words: their space is the gap after an earlier turn
+            stripped = text.lstrip()
+            gap, text = text[: len(text) - len(stripped)] if self._heard_any else "", stripped
         self._turn_words += words
         if text:
-            self._emit(TranscriptDelta(text))
+            self._emit(TranscriptDelta(text, gap))
+            self._heard_any = True
 
     async def _decode(self, audio: np.ndarray, prefix: str) -> str:
         """One pass through the speech worker -> the text after `prefix`, its leading space kept."""
