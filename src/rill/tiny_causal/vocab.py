@@ -1,4 +1,4 @@
-"""The recipe's own tekken.json: Mistral's special tokens, the 256 bytes, and whole-word pieces.
+"""The recipe's own tekken.json: Mistral's special tokens, the 256 bytes, whole-word pieces, subword pieces.
 
 rill's runtime only decodes (an id's bytes), so the recipe owns the encoder: greedy longest match over
 the pieces, bytes as the fallback. Word pieces carry their leading space (" weather") and match whole words
