@@ -224,10 +224,11 @@ async def test_rill_serve_transcribes_at_the_delay_it_was_given(monkeypatch, tmp
 @pytest.mark.parametrize("after_s", [2.0, 0.6], ids=["client-sends-silence", "client-stops-after-the-vad-silence"])
 async def test_a_server_vad_turn_ends_after_the_word_in_flight(monkeypatch, tmp_path, runtime, after_s):
     """server_vad ends a turn at the step that hears the end of speech plus the delay and a frame; a word still
-    being written there (a spelled-out word: a token a frame, here 7 frames past that step) holds the turn's end
+    being written there (a spelled-out word: a token a frame, past that step) holds the turn's end
     until the word is whole, so the turn's transcript is the whole recording's and not cut inside its last
     word (it was: 'Reverse the word "zi'). A client that stops sending once the VAD's 500 ms of silence are
-    out gets the rest of the hold filled with silence: the turn still completes, with the same words."""
+    out gets the rest of the hold filled with silence: the turn still completes, with the same words. The
+    server runs at serve_args' 160 ms, so the reference is a 160 ms stream."""
     llm_dir = make_model_dir(tmp_path / "qwen2", "qwen2")
     args = serve_args(monkeypatch, "--speech-model", RILL_TINY_CAUSAL)
     spoken = np.concatenate([silence(0.5), speak('Reverse the word "cinder".')])
@@ -241,6 +242,6 @@ async def test_a_server_vad_turn_ends_after_the_word_in_flight(monkeypatch, tmp_
             with trio.fail_after(10):
                 events = await ws.until(COMPLETED)
     whole = np.concatenate([spoken, silence(2.0)])
-    expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), early_stop=True)[0].strip()
+    expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), delay_ms=160, early_stop=True)[0].strip()
     assert len(expected.split()[-1]) > 5  # a spelled-out last word: many tokens, one a frame
     assert of_type(events, COMPLETED)[0]["transcript"] == expected
