@@ -33,6 +33,7 @@ from rill.speech.whisper import RILL_TINY_CAUSAL, RILL_TINY_SPEECH, speech_model
 from rill.transports.http import ServerConfig
 from rill.transports.realtime.audio_input import decode_pcm16
 from rill.transports.realtime.driver import RealtimeConfig
+from rill.transports.realtime.turn_end import TurnEndScorer
 
 pytestmark = needs_espeak
 
@@ -245,3 +246,33 @@ async def test_a_server_vad_turn_ends_after_the_word_in_flight(monkeypatch, tmp_
     expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), delay_ms=160, early_stop=True)[0].strip()
     assert len(expected.split()[-1]) > 5  # a spelled-out last word: many tokens, one a frame
     assert of_type(events, COMPLETED)[0]["transcript"] == expected
+
+
+async def test_a_semantic_vad_turn_is_asked_about_and_ends_after_the_word_in_flight_with_a_forced_sure_scorer(
+        monkeypatch, tmp_path, runtime):
+    """semantic_vad asks the chat model at a pause once the words up to it are out; a word still being
+    written then is held as server_vad's end holds it, so the question reads whole words and a turn it ends is
+    the whole recording's (it was cut: 'Reverse the word "zi'). Fault injection: every question gets 0.99."""
+    asked = []
+
+    async def sure(self, text: str) -> float | None:
+        asked.append(text)
+        return 0.99
+
+    monkeypatch.setattr(TurnEndScorer, "__call__", sure)
+    llm_dir = make_model_dir(tmp_path / "qwen2", "qwen2")
+    args = serve_args(monkeypatch, "--speech-model", RILL_TINY_CAUSAL)
+    spoken = np.concatenate([silence(0.5), speak('Reverse the word "cinder".')])
+    async with served(llm_dir, args) as server:
+        async with voice_client(server) as ws:
+            await ws.update(type="transcription", audio={"input": {
+                "transcription": {"model": RILL_TINY_CAUSAL},
+                "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}})
+            await ws.stream(np.concatenate([spoken, silence(2.0)]), 0.1, 4.0)
+            with trio.fail_after(10):
+                events = await ws.until(COMPLETED)
+    whole = np.concatenate([spoken, silence(2.0)])
+    expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), delay_ms=160, early_stop=True)[0].strip()
+    assert len(expected.split()[-1]) > 5  # a spelled-out last word: many tokens, one a frame
+    assert of_type(events, COMPLETED)[0]["transcript"] == expected
+    assert asked and asked[-1] == expected

@@ -21,8 +21,10 @@ Turns:
   still being written at that step (a word's tokens come one a frame: a spelled-out word or a number takes
   several) holds the turn's end until the word is whole (the next pad or word), at most MAX_HOLD_FRAMES:
   the turn's last word is not cut in two.
-- semantic_vad: at a pause, once the words up to it are out (the same step rule), the chat model is
-  asked whether they end the turn (rill.speech.semantic_vad), as LiveTranscriber does.
+- semantic_vad: at a pause, once the words up to it are out (the same step rule) and the word in flight
+  is whole (the same hold), the chat model is asked whether they end the turn
+  (rill.speech.semantic_vad), as LiveTranscriber does: it reads whole words, and a turn it ends is not
+  cut inside its last word.
 Nothing here runs a model on the trio thread: the VAD runs in `trio.to_thread`, the model in the worker.
 """
 
@@ -69,6 +71,7 @@ class _Live:
     boundaries: deque[_Boundary] = field(default_factory=deque)
     final: bool | None = None  # set by the commit that ended it
     closing: int | None = None  # server_vad: a turn's end held for the word in flight; at this step at the latest
+    checking: tuple[_Boundary, int] | None = None  # semantic_vad: a pause's question held for the word in flight
 
 
 class CausalLiveTranscriber(QueuedInput):
@@ -279,8 +282,12 @@ class CausalLiveTranscriber(QueuedInput):
                 first = delta.num_steps - len(delta.token_ids)
                 for i, piece in enumerate(delta.pieces):
                     await self._reach(live, first + i)
-                    if live.closing is not None and (not piece or piece[:1].isspace() or first + i >= live.closing):
+                    whole = not piece or piece[:1].isspace()  # the word in flight (if any) is whole
+                    if live.closing is not None and (whole or first + i >= live.closing):
                         self._end_held(live)  # the held turn's last word is whole (or the hold ran out)
+                    if live.checking is not None and (whole or first + i >= live.checking[1]):
+                        boundary, live.checking = live.checking[0], None
+                        await self._check(boundary)
                     self._write(piece, delta.token_ids[i] if i < len(delta.token_ids) else None)
                 live.num_steps = delta.num_steps
                 await self._reach(live, delta.num_steps)
@@ -297,16 +304,23 @@ class CausalLiveTranscriber(QueuedInput):
             boundary = live.boundaries.popleft()
             if live.closing is not None:  # a later boundary came while a turn's end was held: it ends now
                 self._end_held(live)
+            live.checking = None  # a later boundary makes a held question moot (speech resumed, or the turn ended)
             if not boundary.check:
                 if self._held:  # a word in flight: the turn ends once it is whole
                     live.closing = step + MAX_HOLD_FRAMES
                     self._nursery.start_soon(self._fill_hold, live, live.closing)
                 else:
                     self._close_turn(by_commit=False, final=False)
-            elif await self._turn_ends(boundary):
-                self._in_turn = False
-                self._emit(SpeechStopped(boundary.speech_end * 1000 // SAMPLE_RATE))
-                self._close_turn(by_commit=False, final=False)
+            elif self._held:  # a word in flight: asked once it is whole
+                live.checking = (boundary, step + MAX_HOLD_FRAMES)
+            else:
+                await self._check(boundary)
+
+    async def _check(self, boundary: _Boundary) -> None:
+        if await self._turn_ends(boundary):
+            self._in_turn = False
+            self._emit(SpeechStopped(boundary.speech_end * 1000 // SAMPLE_RATE))
+            self._close_turn(by_commit=False, final=False)
 
     async def _turn_ends(self, boundary: _Boundary) -> bool:
         """semantic_vad: the words up to the pause are out; do they end the turn (and is it still paused)?"""
