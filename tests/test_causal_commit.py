@@ -230,22 +230,9 @@ async def test_a_server_vad_turn_ends_after_the_word_in_flight(monkeypatch, tmp_
     word (it was: 'Reverse the word "zi'). A client that stops sending once the VAD's 500 ms of silence are
     out gets the rest of the hold filled with silence: the turn still completes, with the same words. The
     server runs at serve_args' 160 ms, so the reference is a 160 ms stream."""
-    llm_dir = make_model_dir(tmp_path / "qwen2", "qwen2")
-    args = serve_args(monkeypatch, "--speech-model", RILL_TINY_CAUSAL)
-    spoken = np.concatenate([silence(0.5), speak('Reverse the word "cinder".')])
-    audio = np.concatenate([spoken, silence(after_s)])
-    async with served(llm_dir, args) as server:
-        async with voice_client(server) as ws:
-            await ws.update(type="transcription", audio={"input": {
-                "transcription": {"model": RILL_TINY_CAUSAL},
-                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}})
-            await ws.stream(audio, 0.1, 4.0)
-            with trio.fail_after(10):
-                events = await ws.until(COMPLETED)
-    whole = np.concatenate([spoken, silence(2.0)])
-    expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), delay_ms=160, early_stop=True)[0].strip()
-    assert len(expected.split()[-1]) > 5  # a spelled-out last word: many tokens, one a frame
-    assert of_type(events, COMPLETED)[0]["transcript"] == expected
+    transcript, expected = await spelled_question_turn(
+        monkeypatch, tmp_path, runtime, {"type": "server_vad", "silence_duration_ms": 500}, after_s)
+    assert transcript == expected
 
 
 async def test_a_semantic_vad_turn_is_asked_about_and_ends_after_the_word_in_flight_with_a_forced_sure_scorer(
@@ -260,19 +247,27 @@ async def test_a_semantic_vad_turn_is_asked_about_and_ends_after_the_word_in_fli
         return 0.99
 
     monkeypatch.setattr(TurnEndScorer, "__call__", sure)
+    transcript, expected = await spelled_question_turn(
+        monkeypatch, tmp_path, runtime, {"type": "semantic_vad", "eagerness": "high"}, 2.0)
+    assert transcript == expected
+    assert asked and asked[-1] == expected
+
+
+async def spelled_question_turn(monkeypatch, tmp_path, runtime, turn_detection: dict, after_s: float):
+    """'Reverse the word "cinder".' then `after_s` of silence, sent at 4x real time to a transcription session
+    with `turn_detection` on `rill serve`'s 160 ms: the first turn's transcript, and a 160 ms stream's of the
+    whole recording (its last word spelled out: many tokens, one a frame)."""
     llm_dir = make_model_dir(tmp_path / "qwen2", "qwen2")
     args = serve_args(monkeypatch, "--speech-model", RILL_TINY_CAUSAL)
     spoken = np.concatenate([silence(0.5), speak('Reverse the word "cinder".')])
     async with served(llm_dir, args) as server:
         async with voice_client(server) as ws:
             await ws.update(type="transcription", audio={"input": {
-                "transcription": {"model": RILL_TINY_CAUSAL},
-                "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}})
-            await ws.stream(np.concatenate([spoken, silence(2.0)]), 0.1, 4.0)
+                "transcription": {"model": RILL_TINY_CAUSAL}, "turn_detection": turn_detection}})
+            await ws.stream(np.concatenate([spoken, silence(after_s)]), 0.1, 4.0)
             with trio.fail_after(10):
                 events = await ws.until(COMPLETED)
     whole = np.concatenate([spoken, silence(2.0)])
     expected = alone(runtime, decode_pcm16(pcm16_b64(whole), len(whole)), delay_ms=160, early_stop=True)[0].strip()
-    assert len(expected.split()[-1]) > 5  # a spelled-out last word: many tokens, one a frame
-    assert of_type(events, COMPLETED)[0]["transcript"] == expected
-    assert asked and asked[-1] == expected
+    assert len(expected.split()[-1]) > 5
+    return of_type(events, COMPLETED)[0]["transcript"], expected
