@@ -34,8 +34,9 @@ def lags_and_tail(runtime, clip, ends: list[float], delay_ms: float | None) -> d
 
     audio = np.concatenate([np.zeros(int(voice.LEAD_S * RATE), np.float32), clip.audio,
                             np.zeros(int(1.2 * RATE), np.float32)])
-    stream, turn, held, step = VoxtralStream(runtime, RATE, delay_ms=delay_ms, early_stop=True), Turn(), "", int(CHUNK_S * RATE)
-    tokens_per_word, count = [], 0
+    stream = VoxtralStream(runtime, RATE, delay_ms=delay_ms, early_stop=True)
+    turn, step = Turn(), int(CHUNK_S * RATE)
+    held, count, tokens_per_word = "", 0, []  # the word being written, its tokens so far; each word's tokens
     for at in range(0, len(audio), step):
         sent = min(at + step, len(audio)) / RATE
         for piece in stream.feed(audio[at:at + step]).pieces:
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                "tokens_per_word": {"mean": float(np.mean(words)), "p95": percentile(words, 95)}, "turns": turns}
         out["models"].append(row)
         print(f"{model}: lag floor p50 {row['lag_floor_ms']['p50']:.0f} ms, p95 {row['lag_floor_ms']['p95']:.0f} ms; "
-              f"one-token words p50 {row['lag_floor_one_token_words_ms']['p50']:.0f} ms; commit tail / whole positions p50 {row['tail_over_whole_positions']['p50']:.2f}; "
+              f"one-token words p50 {row['lag_floor_one_token_words_ms']['p50']:.0f} ms; "
+              f"commit tail / whole positions p50 {row['tail_over_whole_positions']['p50']:.2f}; "
               f"tokens a word {row['tokens_per_word']['mean']:.2f} (p95 {row['tokens_per_word']['p95']})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
