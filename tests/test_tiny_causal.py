@@ -25,6 +25,7 @@ from helpers_voxtral import hf_transcribe  # noqa: E402
 from test_voxtral_realtime_serving import llm_dir, voxtral_server  # noqa: E402,F401
 
 from rill.speech.voxtral_realtime import VoxtralStream, load_voxtral_realtime  # noqa: E402
+from rill.speech.whisper import speech_model_path  # noqa: E402
 from rill.tiny_causal import model as M  # noqa: E402
 from rill.tiny_causal import targets, timings, train  # noqa: E402
 from rill.tiny_causal.vocab import NUM_SPECIAL, PAD, Vocab, subword_pieces, word_pieces  # noqa: E402
@@ -80,7 +81,7 @@ def test_a_few_steps_lower_the_loss(data):
     torch.manual_seed(0)
     vocab = Vocab(word_pieces(256))
     model, extractor = M.create(vocab, "test")
-    b = train.batch(data, train.fitting(data, vocab, DELAY)[:4], vocab, extractor, DELAY, np.random.default_rng(0))
+    b = train.batch(data, train.fitting(data, vocab, DELAY)[:4, None], vocab, extractor, DELAY, np.random.default_rng(0))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(12):
@@ -90,6 +91,27 @@ def test_a_few_steps_lower_the_loss(data):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]  # 6.1 -> 4.5 at this seed
+
+
+def test_questions_chained_in_one_stream_are_each_written_after_they_are_said(data):
+    vocab = Vocab(word_pieces(256))
+    a, b = (int(i) for i in train.fitting(data, vocab, DELAY)[:2])
+    audio, groups, ends = train.presentation(data, [a, b], np.random.default_rng(0), clean_share=1.0)
+    assert groups == data.groups[a] + data.groups[b]
+    second, start = len(data.groups[a]), len(audio) - len(data.clips.audio(b))  # b's first group; b's start
+    assert ends[second - 1] >= len(data.clips.audio(a)) and ends[-1] == len(audio)  # a's last group ends with a
+    assert train.GAP_S[0] * 16_000 - 1 <= start - ends[second - 1] <= train.GAP_S[1] * 16_000
+    said = audio[start:]  # b's own samples at the end, only scaled (no noise at clean_share 1)
+    assert np.corrcoef(said, data.clips.audio(b))[0, 1] > 0.99
+    assert np.abs(audio[ends[second - 1] : start]).max() == 0  # the gap is silence
+    stream = targets.token_stream(vocab, groups, ends, len(audio), DELAY, N_LEFT)
+    words = [t for t in stream if t != PAD][1:]
+    assert vocab.decode(words) == " " + data.clips.texts[a] + " " + data.clips.texts[b]
+    assert stream.index(vocab.encode(" " + groups[second])[0], targets.first_index(ends[second - 1], DELAY, N_LEFT)) \
+        >= targets.first_index(ends[second], DELAY, N_LEFT)  # b's first word after it is said
+    chained = train.batch(data, np.array([[a, b], [b, a]]), vocab, M.create(vocab, "test")[1], DELAY,
+                          np.random.default_rng(0))
+    assert chained["ids"].shape[0] == 2 and chained["ids"].shape[1] >= len(stream) - 1
 
 
 def test_the_checkpoint_streams_as_it_decodes_offline(trained, data):
@@ -121,7 +143,7 @@ async def test_the_checkpoint_serves_a_transcription(trained, data, llm_dir):  #
 def test_init_from_continues_with_the_same_tokenizer(trained, cache, tmp_path):
     out = tmp_path / "next"
     train.main(["--out", str(out), "--init-from", str(trained), "--steps", "2", "--batch-size", "2", "--clips", "8",
-                "--shard-size", "8", "--warmup", "1", "--cache-dir", str(cache), "--delay-ms", "160"])
+                "--shard-size", "8", "--warmup", "1", "--cache-dir", str(cache), "--delay-ms", "160", "--chain", "2"])
     assert (out / "tekken.json").read_text() == (trained / "tekken.json").read_text()  # delay kept too
     assert json.loads((out / "train_state.json").read_text())["total_steps"] == 8
     before, after = M.load(trained)[0], M.load(out)[0]
@@ -152,6 +174,32 @@ def test_eval_backend_takes_the_delay_and_refuses_a_bad_one(trained, data):
     assert StreamBackend(trained, 160).transcribe([audio]) == [expected]
     with pytest.raises(ValueError, match="multiple"):
         StreamBackend(trained, 100)
+
+
+def test_eval_chain_gives_each_clip_what_the_one_stream_wrote_while_it_and_its_gap_went_in(data):
+    """eval-tiny-causal --chain 2: one stream hears both clips; the first clip's text is what a stream fed
+    it and its gap alone writes (the stream is causal), the second's all the rest, up to finish()."""
+    from rill.tiny_causal.evaluate import CHAIN_GAP_S, PIECE, ChainBackend, by_place
+
+    shipped = speech_model_path("rill-tiny-causal")  # words to split: the test checkpoint writes none yet
+    a, b = data.clips.audio(3), data.clips.audio(4)
+    said = np.concatenate([a, np.zeros(int(CHAIN_GAP_S * 16_000), np.float32)])
+    alone = VoxtralStream(load_voxtral_realtime(shipped), 16_000)
+    first = "".join(alone.feed(said[at : at + PIECE]).text for at in range(0, len(said), PIECE)).strip()
+    whole = VoxtralStream(load_voxtral_realtime(shipped), 16_000)
+    everything = "".join([whole.feed(np.concatenate([said, b, said[len(a):]])).text, whole.finish().text])
+    texts = ChainBackend(shipped, None, 2).transcribe([a, b, a])
+    assert texts[0] == first and " ".join(texts[:2]).split() == everything.split()
+    assert texts[0] and texts[1]
+    assert texts[2] == alone_text(shipped, a)  # a chain of one left over: a stream of its own
+    report = {"transcripts": [{"expected": "x y", "got": g} for g in ("x y", "", "X y.", "z")]}
+    assert by_place(report, 2)["by_place"] == [{"n": 2, "correct": 2, "empty": 0}, {"n": 2, "correct": 0, "empty": 1}]
+
+
+def alone_text(model_dir, audio) -> str:
+    from rill.tiny_causal.evaluate import StreamBackend
+
+    return StreamBackend(model_dir).transcribe([audio])[0]
 
 
 def test_merges_spell_fewer_tokens_and_keep_every_id(tmp_path):

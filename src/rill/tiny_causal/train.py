@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ from rill.tiny_speech import augment, synth
 DEFAULT_OUT = Path("runs/rill-tiny-causal")
 MAX_SAMPLES = 6 * synth.SAMPLE_RATE
 N_LEFT = 2
+GAP_S = (0.3, 2.0)  # the silence between questions spoken back to back (--chain): a VAD's pause, and longer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,7 +73,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--merges", type=int, default=0,
                    help="add this many subword pieces (byte-pair merges) to the tokenizer; with --init-from, "
                         "to a checkpoint that has none")
+    p.add_argument("--chain", type=_chain, default=[1],
+                   help="questions spoken back to back in one training stream: a comma list, each batch draws "
+                        "one (e.g. 1,1,2,3), and holds --batch-size / it streams, so a step hears as much audio "
+                        "whatever it draws. Streams longer than the decoder's window teach what a live stream "
+                        "that runs on across turns hears: earlier words in the window, BOS out of it")
     return p.parse_args(argv)
+
+
+def _chain(text: str) -> list[int]:
+    counts = [int(x) for x in text.split(",") if x.strip()]
+    if not counts or any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError("--chain: positive counts, comma separated")
+    return counts
 
 
 def _delays(text: str) -> list[int]:
@@ -88,27 +102,34 @@ def lr_at(step: int, args) -> float:
     return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
 
 
-def presentation(audio: np.ndarray, ends: list[int], rng, clean_share: float) -> tuple[np.ndarray, list[int]]:
-    """One presentation of a clip, as rill-tiny-speech's recipe varies them (rill.tiny_speech.augment): a
-    lead of silence (up to MAX_OFFSET_S), which moves every word's end by as much, then a random filter and
-    noise (all but `clean_share` of presentations) and a gain; none of these moves a word."""
-    lead = int(rng.uniform(0, augment.MAX_OFFSET_S * synth.SAMPLE_RATE))
-    audio = np.concatenate([np.zeros(lead, np.float32), audio])
-    return augment.augment(audio, rng, len(audio), clean_share), [e + lead for e in ends]
+def presentation(data: timings.TimedClips, chain: Sequence[int], rng,
+                 clean_share: float) -> tuple[np.ndarray, list[str], list[int]]:
+    """One presentation of clips `chain` spoken back to back in one stream, as rill-tiny-speech's recipe
+    varies a clip (rill.tiny_speech.augment): a lead of silence (up to MAX_OFFSET_S) before the first, a
+    gap (GAP_S) before each next one, then a random filter and noise over the whole stream (all but
+    `clean_share` of presentations) and a gain; none of these moves a word. Returns the audio, its word
+    groups and where each ends."""
+    parts, groups, ends, at = [], [], [], 0
+    for k, i in enumerate(int(i) for i in chain):
+        silence = augment.MAX_OFFSET_S * rng.random() if k == 0 else rng.uniform(*GAP_S)
+        parts += [np.zeros(int(silence * synth.SAMPLE_RATE), np.float32), data.clips.audio(i)]
+        at += len(parts[-2])
+        groups += data.groups[i]
+        ends += [e + at for e in data.ends[i]]
+        at += len(parts[-1])
+    audio = np.concatenate(parts)
+    return augment.augment(audio, rng, len(audio), clean_share), groups, ends
 
 
-def batch(data: timings.TimedClips, index: np.ndarray, vocab: V.Vocab, extractor, delay: int, rng,
+def batch(data: timings.TimedClips, chains: np.ndarray, vocab: V.Vocab, extractor, delay: int, rng,
           clean_share: float = augment.CLEAN_SHARE) -> dict:
-    """Features, the teacher-forced streams and their loss weights for clips `index`."""
-    audios, ends = [], []
-    for i in index:
-        a, e = presentation(data.clips.audio(int(i)), data.ends[int(i)], rng, clean_share)
-        audios.append(a)
-        ends.append(e)
-    padded, frames = M.padded_batch(audios, delay, N_LEFT)
-    streams = []
-    for i, a, e in zip(index, audios, ends):
-        s = targets.token_stream(vocab, data.groups[int(i)], e, len(a), delay, N_LEFT)
+    """Features, the teacher-forced streams and their loss weights: one stream per row of `chains` (clip
+    indices spoken back to back)."""
+    audios, streams = [], []
+    presented = [presentation(data, chain, rng, clean_share) for chain in chains]
+    padded, frames = M.padded_batch([a for a, _, _ in presented], delay, N_LEFT)
+    for audio, groups, ends in presented:
+        s = targets.token_stream(vocab, groups, ends, len(audio), delay, N_LEFT)
         streams.append((s + [V.PAD] * frames)[:frames])
     ids = torch.tensor(streams)
     features = extractor(list(padded), sampling_rate=synth.SAMPLE_RATE, return_tensors="pt").input_features
@@ -176,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
         delay = delays[int(rng.integers(len(delays)))]
-        loss = loss_of(model, batch(data, rng.choice(usable, args.batch_size), vocab, extractor, delay, rng),
-                       delay, args.word_weight)
+        count = args.chain[int(rng.integers(len(args.chain)))]
+        chains = rng.choice(usable, (max(1, round(args.batch_size / count)), count))
+        loss = loss_of(model, batch(data, chains, vocab, extractor, delay, rng), delay, args.word_weight)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
