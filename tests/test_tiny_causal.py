@@ -287,3 +287,28 @@ async def test_the_shipped_weights_serve_by_name_and_hear_a_question(llm_dir):  
         assert RILL_TINY_CAUSAL in [m.id async for m in client.models.list()]
         got = await client.audio.transcriptions.create(model=RILL_TINY_CAUSAL, file=("q.wav", buffer.getvalue()))
     assert got.text.strip() == expected
+
+
+async def test_a_server_vad_turn_that_holds_no_words_is_committed_with_an_empty_transcript_and_not_answered(
+        trained, data, llm_dir):  # noqa: F811
+    """OpenAI's server_vad commits the buffer at every end of speech, so a client waits for each turn's
+    item and transcript. The checkpoint of a few steps writes no words (a real model that has not learned
+    to yet): the spoken question is still a turn, an item with an empty transcript, and is not answered."""
+    from helpers_voice import of_type, silence, voice_client, voice_server
+
+    audio = np.concatenate([silence(0.3), data.clips.audio(1), silence(1.5)])
+    async with voice_server(llm_dir, trained) as server, voice_client(server) as client:
+        await client.update(type="realtime", audio={"input": {"turn_detection": {"type": "server_vad"}}})
+        await client.stream(audio, 0.1, float("inf"))
+        events = await client.until("conversation.item.input_audio_transcription.completed")
+        await client.send("conversation.item.retrieve", item_id=events[-1]["item_id"])  # a round trip: what the
+        # turn set off comes before its answer
+        events += await client.until("conversation.item.retrieved")
+    item_id = of_type(events, "input_audio_buffer.speech_started")[0]["item_id"]
+    assert of_type(events, "input_audio_buffer.speech_stopped")[0]["item_id"] == item_id
+    assert of_type(events, "input_audio_buffer.committed")[0]["item_id"] == item_id
+    completed = of_type(events, "conversation.item.input_audio_transcription.completed")
+    assert [(c["item_id"], c["transcript"]) for c in completed] == [(item_id, "")]
+    assert not of_type(events, "conversation.item.input_audio_transcription.delta")
+    assert not of_type(events, "response.created") and not of_type(events, "error")
+    assert events[-1]["item"]["content"][0]["transcript"] == ""

@@ -12,7 +12,8 @@
                 SpeechStopped  -> input_audio_buffer.speech_stopped
                 TranscriptDone -> input_audio_buffer.committed, conversation.item.created (an
                                   input_audio item holding the transcript), ...transcription.completed,
-                                  and with server_vad's create_response the answer
+                                  and with server_vad's create_response the answer; for every turn,
+                                  an empty transcript too (no answer then: the chat model reads words)
     input_audio_buffer.commit  -> the turn ends where the audio ends (final: true, vLLM's end of
                                   stream, also sends transcription.done with everything heard)
 
@@ -221,12 +222,15 @@ class VoiceInput:
             self.conn.append_text(text)
 
     def _done(self, event: TranscriptDone) -> None:
+        opened = self.item_id is not None  # speech_started named the turn's item
         item_id, self.item_id = self._item(), None
         text = event.text
         if text:
             self._heard.append(text)
-        if text or event.by_commit:  # a committed buffer of silence is an item too, with an empty transcript
-            self._commit_item(item_id, text)  # (a sound VAD heard that held no words makes no item)
+        if text or event.by_commit or opened:  # every turn is an item, as OpenAI's server_vad commits the
+            # buffer at each end of speech: a commit of silence, or a sound that held no words, has an empty
+            # transcript (and is not answered below: the chat model reads words)
+            self._commit_item(item_id, text)
             self.conn.emit(InputTranscriptionCompleted(item_id=item_id, transcript=text,
                                                        content_index=self._audio_index(item_id),
                                                        usage=TranscriptUsage(round(event.audio_s, 3))))

@@ -180,10 +180,10 @@ async def concurrent_streams(url: str, clips: list[Clip], ends: list[list[float]
     """n transcription sessions at once, each speaking 3 questions back to back."""
     import trio
 
-    lags, finals, unfinished = [], [], 0
+    lags, finals, unfinished, empty = [], [], 0, 0
 
     async def stream(i: int) -> None:
-        nonlocal unfinished
+        nonlocal unfinished, empty
         picks = [(i * 3 + j) % len(clips) for j in range(3)]
         gap = np.zeros(int((args.silence_ms / 1000 + 0.5) * RATE), np.float32)
         offset, pieces, marks = 0.0, [], []
@@ -202,8 +202,9 @@ async def concurrent_streams(url: str, clips: list[Clip], ends: list[list[float]
         for turn, j, mark in zip(turns, picks, marks):
             lags.extend(word_lags(turn, times["start"] + mark, ends[j]))
             speech_end = times["start"] + mark + LEAD_S + sound_end_s(clips[j].audio)
-            if turn.completed_s is None:
-                unfinished += 1
+            if turn.completed_s is None or not turn.transcript.strip():  # a turn with no words is unfinished, as
+                unfinished += 1  # when the server sent nothing for it (before every turn got a transcript)
+                empty += turn.completed_s is not None
             else:
                 finals.append(turn.completed_s - speech_end - args.silence_ms / 1000)
 
@@ -211,6 +212,7 @@ async def concurrent_streams(url: str, clips: list[Clip], ends: list[list[float]
         for i in range(n):
             nursery.start_soon(stream, i)
     return {"streams": n, "lag_ms": voice_report.ms(lags), "final_after_vad_end_ms": voice_report.ms(finals), "unfinished": unfinished,
+            "empty": empty,
             "keeps_up": keeps_up(lags, finals, unfinished, args.keep_up_ms / 1000)}
 
 

@@ -105,6 +105,8 @@ def model_lines(block: dict, silence_ms: int) -> list[str]:
                  + (f"{ratio:.2f} (target <= 0.2)" if ratio is not None else "n/a"))
     for s in block["concurrency"]:
         unfinished = f", {s['unfinished']} turns unfinished" if s.get("unfinished") else ""
+        if s.get("empty"):
+            unfinished += f" ({s['empty']} of them with no words)"
         lines.append(f"    {s['streams']} streams: lag p50 {_fmt(s['lag_ms'].get('p50'))} p95 "
                      f"{_fmt(s['lag_ms'].get('p95'))}, final transcript after the VAD's end p95 "
                      f"{_fmt(s['final_after_vad_end_ms'].get('p95'))}{unfinished}: "
