@@ -45,15 +45,22 @@ class StreamBackend:
         self.runtime.audio.num_delay_tokens(delay_ms)  # a bad delay fails before any clip is synthesised
         self.window_samples = int(WINDOW_S * augment.SAMPLE_RATE)
 
-    def transcribe_one(self, audio: np.ndarray) -> str:
+    def open_stream(self):
         from rill.speech.voxtral_realtime import VoxtralStream
 
-        stream, text = VoxtralStream(self.runtime, augment.SAMPLE_RATE, delay_ms=self.delay_ms), []
+        return VoxtralStream(self.runtime, augment.SAMPLE_RATE, delay_ms=self.delay_ms)
+
+    @staticmethod
+    def fed(stream, audio: np.ndarray) -> str:
+        """The text `stream` writes while `audio` goes in, in 80 ms pieces."""
         with torch.inference_mode():
-            for start in range(0, len(audio), PIECE):
-                text.append(stream.feed(audio[start : start + PIECE]).text)
-            text.append(stream.finish().text)
-        return "".join(text).strip()
+            return "".join(stream.feed(audio[start : start + PIECE]).text for start in range(0, len(audio), PIECE))
+
+    def transcribe_one(self, audio: np.ndarray) -> str:
+        stream = self.open_stream()
+        text = self.fed(stream, audio)
+        with torch.inference_mode():
+            return (text + stream.finish().text).strip()
 
     def transcribe(self, audios: Sequence[np.ndarray]) -> list[str]:
         return [self.transcribe_one(a) for a in audios]
@@ -67,18 +74,11 @@ class ChainBackend(StreamBackend):
         self.chain = chain
 
     def transcribe_chain(self, audios: Sequence[np.ndarray]) -> list[str]:
-        from rill.speech.voxtral_realtime import VoxtralStream
-
-        stream, texts = VoxtralStream(self.runtime, augment.SAMPLE_RATE, delay_ms=self.delay_ms), []
-        gap = np.zeros(int(CHAIN_GAP_S * augment.SAMPLE_RATE), np.float32)
+        stream, gap = self.open_stream(), np.zeros(int(CHAIN_GAP_S * augment.SAMPLE_RATE), np.float32)
+        texts = [self.fed(stream, np.concatenate([audio, gap])) for audio in audios]
         with torch.inference_mode():
-            for audio in audios:
-                said, text = np.concatenate([audio, gap]), []
-                for start in range(0, len(said), PIECE):
-                    text.append(stream.feed(said[start : start + PIECE]).text)
-                texts.append(text)
-            texts[-1].append(stream.finish().text)
-        return ["".join(text).strip() for text in texts]
+            texts[-1] += stream.finish().text
+        return [text.strip() for text in texts]
 
     def transcribe(self, audios: Sequence[np.ndarray]) -> list[str]:
         return [text for at in range(0, len(audios), self.chain)

@@ -125,7 +125,7 @@ def batch(data: timings.TimedClips, chains: np.ndarray, vocab: V.Vocab, extracto
           clean_share: float = augment.CLEAN_SHARE) -> dict:
     """Features, the teacher-forced streams and their loss weights: one stream per row of `chains` (clip
     indices spoken back to back)."""
-    audios, streams = [], []
+    streams = []
     presented = [presentation(data, chain, rng, clean_share) for chain in chains]
     padded, frames = M.padded_batch([a for a, _, _ in presented], delay, N_LEFT)
     for audio, groups, ends in presented:
