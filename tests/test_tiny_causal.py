@@ -179,7 +179,7 @@ def test_eval_backend_takes_the_delay_and_refuses_a_bad_one(trained, data):
 def test_eval_chain_gives_each_clip_what_the_one_stream_wrote_while_it_and_its_gap_went_in(data):
     """eval-tiny-causal --chain 2: one stream hears both clips; the first clip's text is what a stream fed
     it and its gap alone writes (the stream is causal), the second's all the rest, up to finish()."""
-    from rill.tiny_causal.evaluate import CHAIN_GAP_S, PIECE, ChainBackend, by_place
+    from rill.tiny_causal.evaluate import CHAIN_GAP_S, PIECE, ChainBackend, StreamBackend, by_place
 
     shipped = speech_model_path("rill-tiny-causal")  # words to split: the test checkpoint writes none yet
     a, b = data.clips.audio(3), data.clips.audio(4)
@@ -191,15 +191,9 @@ def test_eval_chain_gives_each_clip_what_the_one_stream_wrote_while_it_and_its_g
     texts = ChainBackend(shipped, None, 2).transcribe([a, b, a])
     assert texts[0] == first and " ".join(texts[:2]).split() == everything.split()
     assert texts[0] and texts[1]
-    assert texts[2] == alone_text(shipped, a)  # a chain of one left over: a stream of its own
+    assert texts[2] == StreamBackend(shipped).transcribe([a])[0]  # a chain of one left over: a stream of its own
     report = {"transcripts": [{"expected": "x y", "got": g} for g in ("x y", "", "X y.", "z")]}
     assert by_place(report, 2)["by_place"] == [{"n": 2, "correct": 2, "empty": 0}, {"n": 2, "correct": 0, "empty": 1}]
-
-
-def alone_text(model_dir, audio) -> str:
-    from rill.tiny_causal.evaluate import StreamBackend
-
-    return StreamBackend(model_dir).transcribe([audio])[0]
 
 
 def test_merges_spell_fewer_tokens_and_keep_every_id(tmp_path):

@@ -81,18 +81,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _comma_ints(text: str, ok, rule: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or not all(ok(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{rule}, comma separated")
+    return values
+
+
 def _chain(text: str) -> list[int]:
-    counts = [int(x) for x in text.split(",") if x.strip()]
-    if not counts or any(c < 1 for c in counts):
-        raise argparse.ArgumentTypeError("--chain: positive counts, comma separated")
-    return counts
+    return _comma_ints(text, lambda c: c >= 1, "--chain: positive counts")
 
 
 def _delays(text: str) -> list[int]:
-    delays = [int(x) for x in text.split(",") if x.strip()]
-    if not delays or any(d <= 0 or d % 80 for d in delays):
-        raise argparse.ArgumentTypeError("--delays-ms: positive multiples of 80 ms, comma separated")
-    return delays
+    return _comma_ints(text, lambda d: d > 0 and d % 80 == 0, "--delays-ms: positive multiples of 80 ms")
 
 
 def lr_at(step: int, args) -> float:
