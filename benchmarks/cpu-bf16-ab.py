@@ -5,7 +5,7 @@
    (what a bfloat16 model ran before), calls alternating, each weight in enough copies that every call reads
    it from memory. Floors: the weight's bytes at the measured read bandwidth (a sum over a 256 MB buffer),
    and its multiply-adds at the measured peak of the instruction the path uses (FP32 FMA for AVX2 and
-   plain C, vdpbf16ps for AVX-512 BF16: a small C loop compiled here, eight independent chains).
+   plain C, vdpbf16ps for AVX-512 BF16: a small C loop compiled here, sixteen independent chains).
 2. Decode steps of two engines on random-qwen2-100m, float32 and bfloat16, alternating step by step, B
    sequences of PROMPT tokens.
 
@@ -28,30 +28,30 @@ COPIES_BYTES, REPEATS = 96 << 20, int(os.environ.get("REPEATS", "5"))
 PEAK_C = r"""
 #include <immintrin.h>
 #include <stdint.h>
-/* multiply-adds per second of one core: 8 chains x 12 iterations unrolled, n loops */
+/* multiply-adds per second of one core: 16 independent chains (a Zen 5 issues two FMAs or vdpbf16ps a cycle
+   at a latency of several cycles: 8 chains measured it at a third of its peak), n loops */
 double fma_loop(int64_t n) {
-    __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m256 a[16];
+    for (int j = 0; j < 16; j++) a[j] = _mm256_set1_ps(1.0f);
     const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-    for (int64_t i = 0; i < n; i++) {
-        a0 = _mm256_fmadd_ps(a0, x, y); a1 = _mm256_fmadd_ps(a1, x, y); a2 = _mm256_fmadd_ps(a2, x, y);
-        a3 = _mm256_fmadd_ps(a3, x, y); a4 = _mm256_fmadd_ps(a4, x, y); a5 = _mm256_fmadd_ps(a5, x, y);
-        a6 = _mm256_fmadd_ps(a6, x, y); a7 = _mm256_fmadd_ps(a7, x, y);
-    }
-    float t[8]; _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                                 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))));
-    return t[0];
+    for (int64_t i = 0; i < n; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) a[j] = _mm256_fmadd_ps(a[j], x, y);
+    float t[8], s = 0;
+    for (int j = 0; j < 16; j++) { _mm256_storeu_ps(t, a[j]); s += t[0]; }
+    return s;
 }
 #ifdef __AVX512BF16__
 double dp_loop(int64_t n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = x;
-    for (int64_t i = 0; i < n; i++) {
-        a0 = _mm512_dpbf16_ps(a0, x, y); a1 = _mm512_dpbf16_ps(a1, x, y); a2 = _mm512_dpbf16_ps(a2, x, y);
-        a3 = _mm512_dpbf16_ps(a3, x, y); a4 = _mm512_dpbf16_ps(a4, x, y); a5 = _mm512_dpbf16_ps(a5, x, y);
-        a6 = _mm512_dpbf16_ps(a6, x, y); a7 = _mm512_dpbf16_ps(a7, x, y);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a6, a7)))
-           + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a2, a3), _mm512_add_ps(a4, a5)));
+    __m512 a[16];
+    for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+    for (int64_t i = 0; i < n; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) a[j] = _mm512_dpbf16_ps(a[j], x, x);
+    float s = 0;
+    for (int j = 0; j < 16; j++) s += _mm512_reduce_add_ps(a[j]);
+    return s;
 }
 #endif
 """
@@ -65,7 +65,7 @@ def peaks() -> dict:
                    check=True)
     lib = ctypes.CDLL(str(src.with_suffix(".so")))
     out = {}
-    for name, macs in (("fma_loop", 8 * 8), ("dp_loop", 8 * 32)):  # per iteration: 8 instructions x lanes x (1 or 2)
+    for name, macs in (("fma_loop", 16 * 8), ("dp_loop", 16 * 32)):  # per iteration: 8 instructions x lanes x (1 or 2)
         if not hasattr(lib, name):
             continue
         fn = getattr(lib, name)

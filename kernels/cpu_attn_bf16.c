@@ -10,7 +10,8 @@
  * One order of arithmetic for a build: each (sequence, head) runs the same loops in the same order
  * whatever else is in the step or the thread count, so greedy output is the same alone and batched. The
  * AVX2 and AVX-512 builds run the same eight-lane code (the same bits); the plain C build sums in
- * another order (within float32 rounding of them).
+ * another order, and a build with AVX-512 BF16 takes the wider plan below for head dims that are
+ * multiples of 32 (each within float32 rounding of the others).
  */
 #include <math.h>
 #include <stdint.h>
@@ -151,6 +152,130 @@ static void attend_one(const PagesBf16 *pg, const uint16_t *q, int64_t h0, int64
     for (int64_t i = 0; i < nh * dim; i++) out[i] = f32_to_bf16(acc[i]);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* With AVX-512 BF16 (Zen 4 and 5, Intel from Cooper Lake) a wider plan, for head dims that are multiples of 32:
+ * a score is q . k as vdpbf16ps over 32 dims at a time (products of two bfloat16 are exact in float32; the
+ * pairs' sums float32), sixteen positions' 16-lane partial sums reduced together by a transpose tree; the
+ * values' weighted sum in 16-lane float32 FMAs, each value row widened once for all the query heads that
+ * share its KV head. The eight-lane plan above spends its time widening every row again for each of
+ * those heads and in one horizontal sum per eight scores: 13 GB/s of bfloat16 KV on a 2-core Zen 5 (64
+ * sequences x 320 positions, 12 heads over 4 KV heads), where the cache reads at 50. Still one order of
+ * arithmetic for the build, whatever the batch, the thread count or the split of heads into tasks. */
+#define DP_BLOCK 16
+#define DP_GROUP 4 /* query heads sharing a KV head, taken together in the values' pass */
+#define DP_AHEAD (2 * DP_BLOCK) /* as the plan above: rows two blocks ahead asked for into L2 */
+
+/* `bytes` of the rows [from, from + DP_BLOCK) of offs (below width), from `cache`, into L2. (Whole rows, every
+ * KV head, in a task's first pass, for the other heads' passes to find in L2: 12% slower on the Zen 5 above.) */
+static inline void prefetch_kv_rows(const uint16_t *cache, const int64_t *offs, int64_t from, int64_t width,
+                                    int64_t bytes) {
+    const int64_t to = from + DP_BLOCK < width ? from + DP_BLOCK : width;
+    for (int64_t i = from; i < to; i++)
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)(cache + offs[i]) + b, 0, 1);
+}
+
+/* lane i = the sum of the sixteen lanes of v[i] (v[n..16) zero) */
+static inline __m512 sum16x16(__m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xdd));
+    /* c[0] lanes: [v0-3 part, v4-7 part, v0-3 part, v4-7 part] by 128-bit lane; the same for c[1] with v8-15 */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+}
+
+/* s[j][i] = q_j . k(i) for one query head j, positions [0, width) at offs, its KV head at kv_off. */
+static void dp_scores(const uint16_t *k_cache, const int64_t *offs, int64_t width, int64_t kv_off, const uint16_t *q,
+                      int64_t dim, float *s, int64_t prefetch_bytes) {
+    __m512bh qv[MAX_DIM / 32];
+    for (int64_t c = 0; c < dim / 32; c++) qv[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
+    for (int64_t i = 0; i < width; i += DP_BLOCK) {
+        const int n = width - i < DP_BLOCK ? (int)(width - i) : DP_BLOCK;
+        prefetch_kv_rows(k_cache + kv_off, offs, i + DP_AHEAD, width, prefetch_bytes);
+        __m512 t[DP_BLOCK];
+#pragma GCC unroll 16
+        for (int p = 0; p < DP_BLOCK; p++) {
+            t[p] = _mm512_setzero_ps();
+            if (p < n) {
+                const uint16_t *k = k_cache + offs[i + p] + kv_off;
+                for (int64_t c = 0; c < dim / 32; c++)
+                    t[p] = _mm512_dpbf16_ps(t[p], qv[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
+            }
+        }
+        const __m512 sums = sum16x16(t);
+        _mm512_mask_storeu_ps(s + i, (__mmask16)((1u << n) - 1u), sums);
+    }
+}
+
+/* acc[j] += sum_i w[j][i] v(i) for the G <= DP_GROUP query heads of one KV head, positions [0, width);
+ * inlined with a constant G, so that the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void dp_values_g(const uint16_t *v_cache, const int64_t *offs,
+                                                              int64_t width, int64_t kv_off, const float *w,
+                                                              int64_t w_stride, const int G, int64_t dim, float *acc,
+                                                              int64_t prefetch_bytes) {
+    for (int64_t i = 0; i < width; i += DP_BLOCK) {
+        const int n = width - i < DP_BLOCK ? (int)(width - i) : DP_BLOCK;
+        prefetch_kv_rows(v_cache + kv_off, offs, i + DP_AHEAD, width, prefetch_bytes);
+        for (int64_t c = 0; c < dim; c += 16) {
+            __m512 a[DP_GROUP];
+            for (int j = 0; j < G; j++) a[j] = _mm512_loadu_ps(acc + j * dim + c);
+            for (int p = 0; p < n; p++) {
+                const uint16_t *v = v_cache + offs[i + p] + kv_off + c;
+                const __m512 vv = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)v)), 16));
+                for (int j = 0; j < G; j++) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * w_stride + i + p]), vv, a[j]);
+            }
+            for (int j = 0; j < G; j++) _mm512_storeu_ps(acc + j * dim + c, a[j]);
+        }
+    }
+}
+
+static void dp_values(const uint16_t *v_cache, const int64_t *offs, int64_t width, int64_t kv_off, const float *w,
+                      int64_t w_stride, int g, int64_t dim, float *acc, int64_t pf) {
+    switch (g) {
+    case 4: dp_values_g(v_cache, offs, width, kv_off, w, w_stride, 4, dim, acc, pf); return;
+    case 3: dp_values_g(v_cache, offs, width, kv_off, w, w_stride, 3, dim, acc, pf); return;
+    case 2: dp_values_g(v_cache, offs, width, kv_off, w, w_stride, 2, dim, acc, pf); return;
+    default: dp_values_g(v_cache, offs, width, kv_off, w, w_stride, 1, dim, acc, pf); return;
+    }
+}
+
+static void attend_one_dp(const PagesBf16 *pg, const uint16_t *q, int64_t h0, int64_t nh, int64_t first, int64_t last,
+                          int64_t *offs, float *scores, float *acc, uint16_t *out) {
+    const int64_t dim = pg->dim, width = last - first;
+    row_offsets(pg, first, last, offs);
+    for (int64_t j = 0; j < nh; j++) {
+        const int64_t kv_off = ((h0 + j) / pg->group) * dim;
+        const int64_t head_bytes = dim * (int64_t)sizeof(uint16_t);
+        if (j == 0 || (h0 + j) % pg->group == 0) /* the first head of a KV head: its first keys, asked for */
+            for (int64_t i = 0; i < DP_AHEAD && i < width; i += DP_BLOCK)
+                prefetch_kv_rows(pg->k_cache + kv_off, offs, i, width, head_bytes);
+        dp_scores(pg->k_cache, offs, width, kv_off, q + (h0 + j) * dim, dim, scores + j * width, head_bytes);
+        softmax(scores + j * width, width, pg->scale, pg->softcap);
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(nh * dim));
+    for (int64_t j = 0; j < nh;) { /* heads [j, j + g) share a KV head, at most DP_GROUP at a time */
+        const int64_t kv = (h0 + j) / pg->group, end_of_kv = (kv + 1) * pg->group - h0;
+        const int g = (int)((end_of_kv < nh ? end_of_kv : nh) - j < DP_GROUP ? (end_of_kv < nh ? end_of_kv : nh) - j
+                                                                              : DP_GROUP);
+        for (int64_t i = 0; i < DP_AHEAD && i < width; i += DP_BLOCK)
+            prefetch_kv_rows(pg->v_cache + kv * dim, offs, i, width, dim * (int64_t)sizeof(uint16_t));
+        dp_values(pg->v_cache, offs, width, kv * dim, scores + j * width, width, g, dim, acc + j * dim,
+                  dim * (int64_t)sizeof(uint16_t));
+        j += g;
+    }
+    int64_t i = 0;
+    for (; i + 8 <= nh * dim; i += 8) bf16x8_store(out + i, _mm256_loadu_ps(acc + i));
+    for (; i < nh * dim; i++) out[i] = f32_to_bf16(acc[i]);
+}
+#endif
+
 /* As rill_paged_decode_f32 (kernels/cpu_attn.c), with q, the caches and out bfloat16:
  *   q:         [num_seqs, num_heads, dim], q_seq_stride elements between sequences, heads contiguous
  *   k/v_cache: [num_blocks, block_size, num_kv_heads, dim], contiguous
@@ -189,6 +314,13 @@ int rill_paged_decode_bf16(const uint16_t *q, int64_t q_seq_stride, const uint16
             const int64_t first = window > 0 && len > window ? len - window : 0;
             const PagesBf16 pg = {k_cache, v_cache, block_tables + s * table_stride, block_size, num_kv_heads * dim,
                                   dim, group, scale, softcap};
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+            if (dim % 32 == 0) {
+                attend_one_dp(&pg, q + s * q_seq_stride, h0, per_task, first, len, offs, scores, qf + per_task * dim,
+                              out + (s * num_heads + h0) * dim);
+                continue;
+            }
+#endif
             attend_one(&pg, q + s * q_seq_stride, h0, per_task, first, len, offs, scores, qf, qf + per_task * dim,
                        out + (s * num_heads + h0) * dim);
         }

@@ -24,4 +24,25 @@ static inline uint16_t f32_to_bf16(float f) {
 /* x rounded to bfloat16 and widened back: what a torch bfloat16 op stores, as a float. */
 static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* The same three on eight lanes (the same bits as the scalar ones: integer rounding, NaN -> 0x7fc0). */
+static inline __m256 bf16x8_widen(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+/* v rounded to bfloat16, left in the top half of each lane (the bottom half zero) */
+static inline __m256i bf16x8_round_bits(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb),
+                                       _mm256_set1_epi32((int)0xffff0000u));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc00000), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+static inline __m256 bf16x8_round(__m256 v) { return _mm256_castsi256_ps(bf16x8_round_bits(v)); }
+static inline void bf16x8_store(uint16_t *p, __m256 v) {
+    const __m256i r = _mm256_srli_epi32(bf16x8_round_bits(v), 16);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+#endif
+
 #endif

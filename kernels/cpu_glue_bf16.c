@@ -22,6 +22,14 @@
 static float sum_squares(const uint16_t *x, int64_t n) {
     float part[8] = {0};
     int64_t i = 0;
+#ifdef RILL_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = bf16x8_widen(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    _mm256_storeu_ps(part, acc);
+#endif
     for (; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) {
             const float v = bf16_to_f32(x[i + l]);
@@ -40,13 +48,22 @@ void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, f
 #pragma omp parallel for num_threads(num_threads) if (rows * dim >= PARALLEL_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *xr = x + r * dim, *o = out + r * dim;
+        int64_t i = 0;
         if (delta != NULL) {
             const uint16_t *d = delta + r * dim;
-            for (int64_t i = 0; i < dim; i++) xr[i] = f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(d[i]));
+#ifdef RILL_AVX2
+            for (; i + 8 <= dim; i += 8) bf16x8_store(xr + i, _mm256_add_ps(bf16x8_widen(xr + i), bf16x8_widen(d + i)));
+#endif
+            for (; i < dim; i++) xr[i] = f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(d[i]));
         }
         const float scale = 1.0f / sqrtf(sum_squares(xr, dim) / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++)
-            o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * scale));
+        i = 0;
+#ifdef RILL_AVX2
+        const __m256 sv = _mm256_set1_ps(scale);
+        for (; i + 8 <= dim; i += 8)
+            bf16x8_store(o + i, _mm256_mul_ps(bf16x8_widen(w + i), bf16x8_round(_mm256_mul_ps(bf16x8_widen(xr + i), sv))));
+#endif
+        for (; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * scale));
     }
 }
 
@@ -54,7 +71,20 @@ void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, f
  * The products of two bfloat16 are exact in float32, so only the roundings written here happen. */
 static void rotate(uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t dim) {
     const int64_t half = dim / 2;
-    for (int64_t d = 0; d < half; d++) {
+    int64_t d = 0;
+#ifdef RILL_AVX2
+    for (; d + 8 <= half; d += 8) {
+        const __m256 lo = bf16x8_widen(x + d), hi = bf16x8_widen(x + half + d);
+        const __m256 nhi = _mm256_xor_ps(hi, _mm256_set1_ps(-0.0f));
+        const __m256 a = bf16x8_round(_mm256_mul_ps(lo, bf16x8_widen(c + d)));
+        const __m256 b = bf16x8_round(_mm256_mul_ps(nhi, bf16x8_widen(s + d)));
+        const __m256 e = bf16x8_round(_mm256_mul_ps(hi, bf16x8_widen(c + half + d)));
+        const __m256 f = bf16x8_round(_mm256_mul_ps(lo, bf16x8_widen(s + half + d)));
+        bf16x8_store(x + d, _mm256_add_ps(a, b));
+        bf16x8_store(x + half + d, _mm256_add_ps(e, f));
+    }
+#endif
+    for (; d < half; d++) {
         const float lo = bf16_to_f32(x[d]), hi = bf16_to_f32(x[half + d]);
         const float a = round_bf16(lo * bf16_to_f32(c[d])), b = round_bf16(-hi * bf16_to_f32(s[d]));
         const float e = round_bf16(hi * bf16_to_f32(c[half + d])), f = round_bf16(lo * bf16_to_f32(s[half + d]));
@@ -91,11 +121,9 @@ void rill_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, ui
 #ifdef RILL_AVX2
         const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
         for (; i + 8 <= inter; i += 8) {
-            float gv[8], sv[8];
-            for (int l = 0; l < 8; l++) gv[l] = bf16_to_f32(g[i + l]);
-            const __m256 x = _mm256_loadu_ps(gv);
-            _mm256_storeu_ps(sv, _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign)))));
-            for (int l = 0; l < 8; l++) o[i + l] = f32_to_bf16(round_bf16(sv[l]) * bf16_to_f32(u[i + l]));
+            const __m256 x = bf16x8_widen(g + i);
+            const __m256 silu = bf16x8_round(_mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign)))));
+            bf16x8_store(o + i, _mm256_mul_ps(silu, bf16x8_widen(u + i)));
         }
 #endif
         for (; i < inter; i++) {

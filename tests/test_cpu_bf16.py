@@ -139,7 +139,7 @@ def make_cache(gen, lens, heads=12, kv_heads=4, dim=64, block_size=16):
 
 @pytest.mark.parametrize("window, softcap", [(None, None), (40, None), (None, 20.0)])
 @pytest.mark.parametrize("heads, kv_heads, dim, block_size", [(12, 4, 64, 16), (8, 8, 128, 16), (6, 3, 80, 16),
-                                                              (4, 2, 12, 8)])
+                                                              (4, 2, 12, 8), (16, 2, 256, 16), (10, 2, 32, 4)])
 def test_decode_attention_is_the_float32_reference_rounded(heads, kv_heads, dim, block_size, window, softcap):
     gen = torch.Generator().manual_seed(heads * 100 + dim)
     q, k, v, *rest = make_cache(gen, [1, 7, 8, 9, 17, 100, 333], heads, kv_heads, dim, block_size)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+import mmap
 import time
 
-import numpy as np
 import torch
 
 from rill.engine.cuda_graphs import DecodeGraphs
@@ -28,13 +28,22 @@ WARM_UP_SPLIT_TOKENS = 256
 
 
 def zeroed_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A KV cache tensor of zeros. On the CPU it comes from calloc (numpy.zeros), whose pages the
-    OS maps in only when first written, so memory grows with the blocks used rather than to the
-    whole budget at start (torch.zeros writes every page: rill-tiny sat at 2.1 GB at rest)."""
-    if device.type != "cpu":
+    """A KV cache tensor of zeros. On the CPU it is an anonymous mapping, whose pages the OS maps in only
+    when first written, so memory grows with the blocks used rather than to the whole budget at start
+    (torch.zeros writes every page: rill-tiny sat at 2.1 GB at rest). The mapping asks for transparent
+    huge pages (MADV_HUGEPAGE; Linux's default THP mode, "madvise", gives them only where asked): a block's
+    first write otherwise costs a fault per 4 KB page, which measured 0.58 s of a 9.3 s run of 64 prompts
+    of 256 tokens in bfloat16 (the KV writes of its prefill steps; 0.09 s on pages already mapped)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    raw = torch.from_numpy(np.zeros(math.prod(shape) * dtype.itemsize, dtype=np.uint8))
-    return raw.view(dtype).view(shape)
+    buf = mmap.mmap(-1, nbytes)  # anonymous: zero-filled
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel without THP: 4 KB pages, as before
+            pass
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)  # keeps buf alive
 
 
 class ModelRunner:
