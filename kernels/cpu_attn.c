@@ -1,5 +1,5 @@
 /* rill's CPU decode attention: plain C over raw float32 pointers, called through ctypes.
- * kernels/cpu_build.py compiles this file once per machine (-O3 -march=native -fopenmp) and
+ * kernels/cpu_build.py compiles this file once per machine (-O3 -march=native) and
  * kernels/cpu_attn.py calls it; the torch reference (kernels/reference.py) is the oracle and the
  * fallback, and tests/test_cpu_attn.py compares the two.
  *
@@ -9,9 +9,8 @@
  * Reading each key and value row once, straight from the page that holds it, is all the work
  * needs; vLLM's CPU backend does the same in C++.
  *
- * Threads: OpenMP. The library names libgomp by its soname, which resolves to the copy torch has
- * already loaded, so its parallel regions run on torch's thread pool rather than a second one;
- * the caller passes torch's thread count.
+ * Threads: the library's pool (kernels/cpu_pool.h), one task per sequence (or KV head group) claimed by
+ * whichever thread is free; the caller passes torch's thread count.
  *
  * Results do not depend on the batch: each (sequence, head) is computed by the same loops in the
  * same order whatever else is in the step, so greedy output is the same alone and batched.
@@ -22,6 +21,7 @@
 #include <string.h>
 
 #include "cpu_attn_common.h"
+#include "cpu_pool.h"
 
 typedef struct {
     const float *k_cache, *v_cache;
@@ -162,6 +162,37 @@ static void attend_one(const Pages *pg, const float *q, int64_t h0, int64_t nh, 
     }
 }
 
+typedef struct {
+    const float *q;
+    int64_t q_seq_stride;
+    const float *k_cache, *v_cache;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int32_t *seq_lens;
+    int64_t num_heads, num_kv_heads, dim, block_size, window;
+    float scale, softcap;
+    float *out;
+    int64_t group, per_task, tasks_per_seq, max_len;
+    float *scores; /* per thread */
+    int64_t *offs;
+} DecodeF32;
+
+/* One task: one sequence's heads [h0, h0 + per_task). */
+static void decode_task_f32(void *arg, int64_t t, int thread) {
+    const DecodeF32 *j = arg;
+    const int64_t dim = j->dim, num_heads = j->num_heads, per_task = j->per_task, window = j->window;
+    const int64_t s = t / j->tasks_per_seq, h0 = (t % j->tasks_per_seq) * per_task, len = j->seq_lens[s];
+    if (len < 1) { /* nothing visible: a zero row, never memory the caller left unset */
+        memset(j->out + (s * num_heads + h0) * dim, 0, sizeof(float) * (size_t)(per_task * dim));
+        return;
+    }
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    const Pages pg = {j->k_cache, j->v_cache, j->block_tables + s * j->table_stride, j->block_size,
+                      j->num_kv_heads * dim, dim, j->group, j->scale, j->softcap};
+    attend_one(&pg, j->q + s * j->q_seq_stride, h0, per_task, first, len, j->offs + thread * j->max_len,
+               j->scores + thread * per_task * j->max_len, j->out + (s * num_heads + h0) * dim);
+}
+
 /* Decode attention over a paged cache, one query per sequence.
  *   q:            [num_seqs, num_heads, dim], q_seq_stride floats between sequences, heads contiguous
  *   k/v_cache:    [num_blocks, block_size, num_kv_heads, dim], contiguous
@@ -182,31 +213,19 @@ int rill_paged_decode_f32(const float *q, int64_t q_seq_stride, const float *k_c
     int64_t max_len = 1;
     for (int64_t s = 0; s < num_seqs; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
     if (window > 0 && window < max_len) max_len = window;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(per_task * max_len));
-        int64_t *offs = malloc(sizeof(int64_t) * (size_t)max_len);
-        if (scores == NULL || offs == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < num_seqs * tasks_per_seq; t++) {
-            const int64_t s = t / tasks_per_seq, h0 = (t % tasks_per_seq) * per_task, len = seq_lens[s];
-            if (scores == NULL || offs == NULL) continue;
-            if (len < 1) {  /* nothing visible: a zero row, never memory the caller left unset */
-                memset(out + (s * num_heads + h0) * dim, 0, sizeof(float) * (size_t)(per_task * dim));
-                continue;
-            }
-            const int64_t first = window > 0 && len > window ? len - window : 0;
-            const Pages pg = {k_cache, v_cache, block_tables + s * table_stride, block_size, num_kv_heads * dim, dim,
-                              group, scale, softcap};
-            attend_one(&pg, q + s * q_seq_stride, h0, per_task, first, len, offs, scores,
-                       out + (s * num_heads + h0) * dim);
-        }
+    if (num_threads < 1) num_threads = 1;
+    /* scratch per thread: scores (per_task x max_len floats) and the positions' row offsets */
+    float *scores = malloc(sizeof(float) * (size_t)(num_threads * per_task * max_len));
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)(num_threads * max_len));
+    if (scores == NULL || offs == NULL) {
         free(scores);
         free(offs);
+        return -1;
     }
-    return failed ? -1 : 0;
+    DecodeF32 job = {q, q_seq_stride, k_cache, v_cache, block_tables, table_stride, seq_lens, num_heads, num_kv_heads,
+                     dim, block_size, window, scale, softcap, out, group, per_task, tasks_per_seq, max_len, scores, offs};
+    rill_pool_for(decode_task_f32, &job, num_seqs * tasks_per_seq, num_threads);
+    free(scores);
+    free(offs);
+    return 0;
 }

@@ -20,6 +20,7 @@
 
 #include "cpu_attn_common.h"
 #include "cpu_bf16.h"
+#include "cpu_pool.h"
 
 typedef struct {
     const uint16_t *k_cache, *v_cache;
@@ -276,6 +277,45 @@ static void attend_one_dp(const PagesBf16 *pg, const uint16_t *q, int64_t h0, in
 }
 #endif
 
+typedef struct {
+    const uint16_t *q;
+    int64_t q_seq_stride;
+    const uint16_t *k_cache, *v_cache;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int32_t *seq_lens;
+    int64_t num_heads, num_kv_heads, dim, block_size, window;
+    float scale, softcap;
+    uint16_t *out;
+    int64_t group, per_task, tasks_per_seq, max_len;
+    float *scores, *qf; /* per thread */
+    int64_t *offs;
+} DecodeBf16;
+
+/* One task: one sequence's heads [h0, h0 + per_task). */
+static void decode_task_bf16(void *arg, int64_t t, int thread) {
+    const DecodeBf16 *j = arg;
+    const int64_t dim = j->dim, num_heads = j->num_heads, per_task = j->per_task, window = j->window;
+    const int64_t s = t / j->tasks_per_seq, h0 = (t % j->tasks_per_seq) * per_task, len = j->seq_lens[s];
+    uint16_t *out = j->out + (s * num_heads + h0) * dim;
+    if (len < 1) { /* nothing visible: a zero row, never memory the caller left unset */
+        memset(out, 0, sizeof(uint16_t) * (size_t)(per_task * dim));
+        return;
+    }
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    const PagesBf16 pg = {j->k_cache, j->v_cache, j->block_tables + s * j->table_stride, j->block_size,
+                          j->num_kv_heads * dim, dim, j->group, j->scale, j->softcap};
+    float *scores = j->scores + thread * per_task * j->max_len, *qf = j->qf + thread * 2 * per_task * dim;
+    int64_t *offs = j->offs + thread * j->max_len;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (dim % 32 == 0) {
+        attend_one_dp(&pg, j->q + s * j->q_seq_stride, h0, per_task, first, len, offs, scores, qf + per_task * dim, out);
+        return;
+    }
+#endif
+    attend_one(&pg, j->q + s * j->q_seq_stride, h0, per_task, first, len, offs, scores, qf, qf + per_task * dim, out);
+}
+
 /* As rill_paged_decode_f32 (kernels/cpu_attn.c), with q, the caches and out bfloat16:
  *   q:         [num_seqs, num_heads, dim], q_seq_stride elements between sequences, heads contiguous
  *   k/v_cache: [num_blocks, block_size, num_kv_heads, dim], contiguous
@@ -292,41 +332,23 @@ int rill_paged_decode_bf16(const uint16_t *q, int64_t q_seq_stride, const uint16
     int64_t max_len = 1;
     for (int64_t s = 0; s < num_seqs; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
     if (window > 0 && window < max_len) max_len = window;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(per_task * max_len));
-        float *qf = malloc(sizeof(float) * (size_t)(2 * per_task * dim));
-        int64_t *offs = malloc(sizeof(int64_t) * (size_t)max_len);
-        const int ok = scores != NULL && qf != NULL && offs != NULL;
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < num_seqs * tasks_per_seq; t++) {
-            const int64_t s = t / tasks_per_seq, h0 = (t % tasks_per_seq) * per_task, len = seq_lens[s];
-            if (!ok) continue;
-            if (len < 1) { /* nothing visible: a zero row, never memory the caller left unset */
-                memset(out + (s * num_heads + h0) * dim, 0, sizeof(uint16_t) * (size_t)(per_task * dim));
-                continue;
-            }
-            const int64_t first = window > 0 && len > window ? len - window : 0;
-            const PagesBf16 pg = {k_cache, v_cache, block_tables + s * table_stride, block_size, num_kv_heads * dim,
-                                  dim, group, scale, softcap};
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-            if (dim % 32 == 0) {
-                attend_one_dp(&pg, q + s * q_seq_stride, h0, per_task, first, len, offs, scores, qf + per_task * dim,
-                              out + (s * num_heads + h0) * dim);
-                continue;
-            }
-#endif
-            attend_one(&pg, q + s * q_seq_stride, h0, per_task, first, len, offs, scores, qf, qf + per_task * dim,
-                       out + (s * num_heads + h0) * dim);
-        }
+    if (num_threads < 1) num_threads = 1;
+    /* scratch per thread: scores (per_task x max_len), the queries widened and the sums (2 per_task x dim), offsets */
+    float *scores = malloc(sizeof(float) * (size_t)(num_threads * per_task * max_len));
+    float *qf = malloc(sizeof(float) * (size_t)(num_threads * 2 * per_task * dim));
+    int64_t *offs = malloc(sizeof(int64_t) * (size_t)(num_threads * max_len));
+    if (scores == NULL || qf == NULL || offs == NULL) {
         free(scores);
         free(qf);
         free(offs);
+        return -1;
     }
-    return failed ? -1 : 0;
+    DecodeBf16 job = {q, q_seq_stride, k_cache, v_cache, block_tables, table_stride, seq_lens, num_heads, num_kv_heads,
+                      dim, block_size, window, scale, softcap, out, group, per_task, tasks_per_seq, max_len, scores, qf,
+                      offs};
+    rill_pool_for(decode_task_bf16, &job, num_seqs * tasks_per_seq, num_threads);
+    free(scores);
+    free(qf);
+    free(offs);
+    return 0;
 }

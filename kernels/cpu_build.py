@@ -9,8 +9,12 @@ Without a compiler, or with RILL_CPU_KERNELS=0, `library()` returns None and the
 torch's paths (the reference decode attention, oneDNN's linear layers, torch's elementwise ops); the
 reason is logged once.
 
-OpenMP: the library links libgomp by its soname, which resolves to the copy torch loaded, so its
-parallel regions share torch's thread pool instead of starting a second one.
+Threads: the library's own pool (kernels/cpu_pool.c), not OpenMP: a parallel loop there waits only for the
+chunks already claimed, never for a worker thread to arrive, which matters when the server's event loop
+and its clients share the cores (see cpu_pool.h). It starts torch.get_num_threads() - 1 workers, which
+spin briefly between calls and then sleep. torch's own OpenMP workers spin too, by default, after every
+parallel torch op; `rill serve` and `rill bench` therefore set OMP_WAIT_POLICY=PASSIVE (unless it is set)
+before torch loads, so that the two pools do not spin against each other on the same cores.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from pathlib import Path
 log = logging.getLogger("rill.kernels")
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
-    "cpu_attn.c", "cpu_linear.c", "cpu_glue.c", "cpu_linear_bf16.c", "cpu_attn_bf16.c", "cpu_glue_bf16.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_bf16.h", "cpu_attn_common.h"))
-_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+    "cpu_attn.c", "cpu_linear.c", "cpu_glue.c", "cpu_linear_bf16.c", "cpu_attn_bf16.c", "cpu_glue_bf16.c",
+    "cpu_pool.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_bf16.h", "cpu_attn_common.h", "cpu_pool.h"))
+_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=gnu11"]
 # Instruction sets a build can target (RILL_CPU_ISA, default native: this CPU's own). The others are for
 # tests and comparisons: each compiles anywhere, and runs where the CPU has its instructions (ISA_CPU_FLAGS).
 ISAS = {
@@ -76,8 +81,6 @@ def cpu_has(name: str) -> bool:
 def load(name: str) -> ctypes.CDLL:
     """The library built for instruction set `name` (ISAS), compiled if need be; raises when it cannot be.
     Only call its functions where cpu_has(name)."""
-    import torch  # noqa: F401, PLC0415  (loads torch's libgomp first, so ours resolves to it)
-
     lib = ctypes.CDLL(str(_build(name)))
     _declare(lib)
     return lib

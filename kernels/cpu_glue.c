@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_pool.h"
 #include "cpu_vec.h"
 
 /* Below this many elements a call runs on one thread: waking the pool costs more than it saves. */
@@ -51,10 +52,21 @@ static float sum_squares(const float *x, int64_t n) {
 /* out[r] = w * (x[r] * rsqrt(mean(x[r]^2) + eps)) for each of `rows` rows of `dim`, as models/llama.py's
  * RMSNorm computes it in float32. With delta: first x[r] += delta[r], in place (the residual stream),
  * and the norm is of the sum. x, delta and out are contiguous [rows, dim]; out may not alias x. */
-void rill_rms_norm_f32(float *x, const float *delta, const float *w, float eps, float *out, int64_t rows, int64_t dim,
-                       int num_threads) {
-#pragma omp parallel for num_threads(num_threads) if (rows * dim >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    float *x;
+    const float *delta, *w;
+    float eps;
+    float *out;
+    int64_t dim;
+} RmsF32;
+
+static void rmsf32_rows(void *arg, int64_t first, int64_t last) {
+    const RmsF32 *a = arg;
+    float *x = a->x, *out = a->out;
+    const float *delta = a->delta, *w = a->w;
+    const float eps = a->eps;
+    const int64_t dim = a->dim;
+    for (int64_t r = first; r < last; r++) {
         float *xr = x + r * dim, *o = out + r * dim;
         if (delta != NULL) {
             const float *d = delta + r * dim;
@@ -66,6 +78,13 @@ void rill_rms_norm_f32(float *x, const float *delta, const float *w, float eps, 
         for (int64_t i = 0; i < dim; i++) o[i] = w[i] * (xr[i] * scale);
     }
 }
+
+void rill_rms_norm_f32(float *x, const float *delta, const float *w, float eps, float *out, int64_t rows, int64_t dim,
+                       int num_threads) {
+    RmsF32 a = {x, delta, w, eps, out, dim};
+    rill_pool_rows(rmsf32_rows, &a, rows, rows * dim >= PARALLEL_MIN ? num_threads : 1);
+}
+
 
 /* The rotary embedding of one head in place, rotate-half layout: x[d] = x[d] * c[d] + rot[d] * s[d]
  * with rot = (-x[half:], x[:half]). Products rounded, then summed: no contraction into an FMA, so the
@@ -103,12 +122,22 @@ static void rotate(float *x, const float *c, const float *s, int64_t dim) {
  *   k/v_cache:    [num_slots, num_kv_heads, dim], contiguous; slots[r] < 0: the row is not written
  * q is rotated in place; k is rotated in place and, with v, copied into the row's cache slot.
  * dim must be even. */
-void rill_rotary_kv_f32(float *qkv, int64_t qkv_stride, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
-                        int64_t dim, const float *cos, const float *sin, float *k_cache, float *v_cache,
-                        const int64_t *slots, int num_threads) {
-    const int64_t kv = num_kv_heads * dim;
-#pragma omp parallel for num_threads(num_threads) if (rows * qkv_stride >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    float *qkv;
+    int64_t qkv_stride, num_heads, num_kv_heads, dim, kv;
+    const float *cos, *sin;
+    float *k_cache, *v_cache;
+    const int64_t *slots;
+} RotaryF32;
+
+static void rotaryf32_rows(void *arg, int64_t first, int64_t last) {
+    const RotaryF32 *a = arg;
+    float *qkv = a->qkv, *k_cache = a->k_cache, *v_cache = a->v_cache;
+    const float *cos = a->cos, *sin = a->sin;
+    const int64_t *slots = a->slots;
+    const int64_t qkv_stride = a->qkv_stride, num_heads = a->num_heads, num_kv_heads = a->num_kv_heads;
+    const int64_t dim = a->dim, kv = a->kv;
+    for (int64_t r = first; r < last; r++) {
         float *row = qkv + r * qkv_stride;
         const float *c = cos + r * dim, *s = sin + r * dim;
         for (int64_t h = 0; h < num_heads + num_kv_heads; h++) rotate(row + h * dim, c, s, dim);
@@ -119,11 +148,29 @@ void rill_rotary_kv_f32(float *qkv, int64_t qkv_stride, int64_t rows, int64_t nu
     }
 }
 
+void rill_rotary_kv_f32(float *qkv, int64_t qkv_stride, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t dim, const float *cos, const float *sin, float *k_cache, float *v_cache,
+                        const int64_t *slots, int num_threads) {
+    const int64_t kv = num_kv_heads * dim;
+    RotaryF32 a = {qkv, qkv_stride, num_heads, num_kv_heads, dim, kv, cos, sin, k_cache, v_cache, slots};
+    rill_pool_rows(rotaryf32_rows, &a, rows, rows * qkv_stride >= PARALLEL_MIN ? num_threads : 1);
+}
+
+
 /* out[r][i] = silu(g) * u = g / (1 + e^-g) * u, with g = gate_up[r][i] and u = gate_up[r][inter + i]:
  * the gated MLP's activation, gate_up [rows, 2 * inter] -> out [rows, inter], contiguous. */
-void rill_silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float *out, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) if (rows * inter >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    const float *gate_up;
+    int64_t inter;
+    float *out;
+} SiluF32;
+
+static void siluf32_rows(void *arg, int64_t first, int64_t last) {
+    const SiluF32 *a = arg;
+    const float *gate_up = a->gate_up;
+    const int64_t inter = a->inter;
+    float *out = a->out;
+    for (int64_t r = first; r < last; r++) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
         int64_t i = 0;
@@ -138,3 +185,9 @@ void rill_silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float 
         for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
+
+void rill_silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float *out, int num_threads) {
+    SiluF32 a = {gate_up, inter, out};
+    rill_pool_rows(siluf32_rows, &a, rows, rows * inter >= PARALLEL_MIN ? num_threads : 1);
+}
+

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cpu_bf16.h"
+#include "cpu_pool.h"
 #include "cpu_vec.h"
 
 #define PARALLEL_MIN 32768 /* elements: below, one thread (as cpu_glue.c) */
@@ -43,10 +44,21 @@ static float sum_squares(const uint16_t *x, int64_t n) {
 
 /* out[r] = w * bf16(x[r] * rsqrt(mean(x[r]^2) + eps)); with delta, first x[r] = bf16(x[r] + delta[r]) in
  * place (the residual stream). All bfloat16 [rows, dim], contiguous; out may not alias x. */
-void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, float eps, uint16_t *out, int64_t rows,
-                        int64_t dim, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) if (rows * dim >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    uint16_t *x;
+    const uint16_t *delta, *w;
+    float eps;
+    uint16_t *out;
+    int64_t dim;
+} RmsBf16;
+
+static void rmsbf16_rows(void *arg, int64_t first, int64_t last) {
+    const RmsBf16 *a = arg;
+    uint16_t *x = a->x, *out = a->out;
+    const uint16_t *delta = a->delta, *w = a->w;
+    const float eps = a->eps;
+    const int64_t dim = a->dim;
+    for (int64_t r = first; r < last; r++) {
         uint16_t *xr = x + r * dim, *o = out + r * dim;
         int64_t i = 0;
         if (delta != NULL) {
@@ -66,6 +78,13 @@ void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, f
         for (; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * scale));
     }
 }
+
+void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, float eps, uint16_t *out, int64_t rows,
+                        int64_t dim, int num_threads) {
+    RmsBf16 a = {x, delta, w, eps, out, dim};
+    rill_pool_rows(rmsbf16_rows, &a, rows, rows * dim >= PARALLEL_MIN ? num_threads : 1);
+}
+
 
 /* One head in place, rotate-half: x[d] = bf16(bf16(x[d] c[d]) + bf16(rot[d] s[d])), rot = (-x[half:], x[:half]).
  * The products of two bfloat16 are exact in float32, so only the roundings written here happen. */
@@ -95,12 +114,22 @@ static void rotate(uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t di
 
 /* As rill_rotary_kv_f32 (cpu_glue.c) over bfloat16: qkv [rows, qkv_stride], cos/sin [rows, dim], caches
  * [num_slots, num_kv_heads, dim]; slots[r] < 0: the row is not written. */
-void rill_rotary_kv_bf16(uint16_t *qkv, int64_t qkv_stride, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
-                         int64_t dim, const uint16_t *cos, const uint16_t *sin, uint16_t *k_cache, uint16_t *v_cache,
-                         const int64_t *slots, int num_threads) {
-    const int64_t kv = num_kv_heads * dim;
-#pragma omp parallel for num_threads(num_threads) if (rows * qkv_stride >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    uint16_t *qkv;
+    int64_t qkv_stride, num_heads, num_kv_heads, dim, kv;
+    const uint16_t *cos, *sin;
+    uint16_t *k_cache, *v_cache;
+    const int64_t *slots;
+} RotaryBf16;
+
+static void rotarybf16_rows(void *arg, int64_t first, int64_t last) {
+    const RotaryBf16 *a = arg;
+    uint16_t *qkv = a->qkv, *k_cache = a->k_cache, *v_cache = a->v_cache;
+    const uint16_t *cos = a->cos, *sin = a->sin;
+    const int64_t *slots = a->slots;
+    const int64_t qkv_stride = a->qkv_stride, num_heads = a->num_heads, num_kv_heads = a->num_kv_heads;
+    const int64_t dim = a->dim, kv = a->kv;
+    for (int64_t r = first; r < last; r++) {
         uint16_t *row = qkv + r * qkv_stride;
         const uint16_t *c = cos + r * dim, *s = sin + r * dim;
         for (int64_t h = 0; h < num_heads + num_kv_heads; h++) rotate(row + h * dim, c, s, dim);
@@ -111,10 +140,28 @@ void rill_rotary_kv_bf16(uint16_t *qkv, int64_t qkv_stride, int64_t rows, int64_
     }
 }
 
+void rill_rotary_kv_bf16(uint16_t *qkv, int64_t qkv_stride, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t dim, const uint16_t *cos, const uint16_t *sin, uint16_t *k_cache, uint16_t *v_cache,
+                         const int64_t *slots, int num_threads) {
+    const int64_t kv = num_kv_heads * dim;
+    RotaryBf16 a = {qkv, qkv_stride, num_heads, num_kv_heads, dim, kv, cos, sin, k_cache, v_cache, slots};
+    rill_pool_rows(rotarybf16_rows, &a, rows, rows * qkv_stride >= PARALLEL_MIN ? num_threads : 1);
+}
+
+
 /* out[r][i] = bf16(bf16(silu(g)) * u): gate_up [rows, 2 inter] -> out [rows, inter], bfloat16. */
-void rill_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *out, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) if (rows * inter >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    const uint16_t *gate_up;
+    int64_t inter;
+    uint16_t *out;
+} SiluBf16;
+
+static void silubf16_rows(void *arg, int64_t first, int64_t last) {
+    const SiluBf16 *a = arg;
+    const uint16_t *gate_up = a->gate_up;
+    const int64_t inter = a->inter;
+    uint16_t *out = a->out;
+    for (int64_t r = first; r < last; r++) {
         const uint16_t *g = gate_up + r * 2 * inter, *u = g + inter;
         uint16_t *o = out + r * inter;
         int64_t i = 0;
@@ -132,3 +179,9 @@ void rill_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, ui
         }
     }
 }
+
+void rill_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *out, int num_threads) {
+    SiluBf16 a = {gate_up, inter, out};
+    rill_pool_rows(silubf16_rows, &a, rows, rows * inter >= PARALLEL_MIN ? num_threads : 1);
+}
+

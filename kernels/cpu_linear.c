@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cpu_pool.h"
 
 #define PANEL 16 /* output columns per weight panel */
 #define BLOCK_M 96 /* rows of x packed at a time: 96 x K floats stay in L2 (K up to ~1,300 in 512 KB) */
@@ -182,6 +183,66 @@ static void tile(const float *restrict a, const float *restrict b, int64_t k, co
 #endif
 }
 
+/* One call's state, shared by the chunks of its two jobs per block of rows (cpu_pool.h): packing the tiles
+ * of rows, then the products in chunks of PAIRS_PER_CHUNK panel pairs (the wide tiles) and one panel a chunk. */
+#define PAIRS_PER_CHUNK 4
+typedef struct {
+    const float *x, *packed, *bias;
+    float *y, *rows;
+    int64_t ldx, n, k, panels, m0, mb, tiles, pair_chunks, first_single;
+    int tm, wide;
+} Call;
+
+static void pack_chunk(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const Call *c = arg;
+    const int64_t left = c->mb - t * c->tm, k = c->k;
+    const float *src = c->x + (c->m0 + t * c->tm) * c->ldx;
+    const int r = left < c->tm ? (int)left : c->tm;
+    if (c->tm == TILE_M)
+        pack_rows(src, c->ldx, r, k, c->rows + t * c->tm * k, TILE_M);
+    else if (c->tm == 8)
+        pack_rows(src, c->ldx, r, k, c->rows + t * c->tm * k, 8);
+    else
+        pack_rows(src, c->ldx, r, k, c->rows + t * c->tm * k, WIDE_M);
+}
+
+static void product_chunk(void *arg, int64_t chunk, int thread) {
+    (void)thread;
+    const Call *c = arg;
+    const int64_t n = c->n, k = c->k, tm = c->tm, mb = c->mb, m0 = c->m0;
+#ifdef RILL_AVX512
+    if (chunk < c->pair_chunks) { /* whole panels, two at a time */
+        const int64_t pairs = (n / PANEL) / 2;
+        const int64_t last = (chunk + 1) * PAIRS_PER_CHUNK < pairs ? (chunk + 1) * PAIRS_PER_CHUNK : pairs;
+        for (int64_t g = chunk * PAIRS_PER_CHUNK; g < last; g++)
+            for (int64_t t = 0; t < c->tiles; t++) {
+                const int64_t left = mb - t * tm, p = 2 * g;
+                WIDE[1][(left < tm ? left : tm) - 1](c->rows + t * tm * k, c->packed + p * k * PANEL, k * PANEL, k,
+                                                     c->bias ? c->bias + p * PANEL : NULL,
+                                                     c->y + (m0 + t * tm) * n + p * PANEL, n, PANEL, (int)tm);
+            }
+        return;
+    }
+#endif
+    const int64_t p = c->first_single + (chunk - c->pair_chunks); /* one panel */
+    const int64_t left_cols = n - p * PANEL;
+    const int cols = left_cols < PANEL ? (int)left_cols : PANEL;
+    for (int64_t t = 0; t < c->tiles; t++) {
+        const int64_t left = mb - t * tm;
+        const int r = left < tm ? (int)left : (int)tm;
+        float *out = c->y + (m0 + t * tm) * n + p * PANEL;
+        const float *pb = c->bias ? c->bias + p * PANEL : NULL;
+#ifdef RILL_AVX512
+        if (c->wide) {
+            WIDE[0][r - 1](c->rows + t * tm * k, c->packed + p * k * PANEL, 0, k, pb, out, n, cols, (int)tm);
+            continue;
+        }
+#endif
+        tile(c->rows + t * tm * k, c->packed + p * k * PANEL, k, pb, out, n, r, cols);
+    }
+}
+
 /* y [m, n] (row stride n) = x [m, k] (row stride ldx) times the packed weight, plus bias [n] (or NULL).
  * With AVX-512 and more than 6 rows the 12-row tiles, two whole panels at a time (on a Zen 4, two threads,
  * they beat the 6 x 16 tiles at every size measured from 7 to 2,048 rows). Either computes every output as
@@ -190,73 +251,34 @@ int rill_linear_f32(const float *x, int64_t ldx, const float *packed, const floa
                     int64_t n, int64_t k, int num_threads) {
     if (m <= 0 || n <= 0)
         return 0;
+    Call c = {.x = x, .packed = packed, .bias = bias, .y = y, .ldx = ldx, .n = n, .k = k,
+              .panels = (n + PANEL - 1) / PANEL};
 #ifdef RILL_AVX512
     /* up to 6 rows the AVX2 tiles hold all the rows in one tile too; there the two measured within a few per
      * cent of each other, about the noise of the comparison (benchmarks/cpu-lib-ab.py) */
-    const int wide = m > TILE_M;
-#else
-    const int wide = 0;
+    c.wide = m > TILE_M;
 #endif
     /* up to 8 rows (decode at small batches) in panels of 8: [K][8] stays in L1 where [K][12] does not */
-    const int tm = wide ? (m <= 8 ? 8 : WIDE_M) : TILE_M;
-    const int64_t panels = (n + PANEL - 1) / PANEL;
-    const int64_t block = m < BLOCK_M ? m : BLOCK_M;
-    const size_t bytes = ((size_t)((block + tm - 1) / tm) * tm * (size_t)k * sizeof(float) + 63) / 64 * 64;
-    float *rows = aligned_alloc(64, bytes);
-    if (rows == NULL)
-        return -1;
-    for (int64_t m0 = 0; m0 < m; m0 += BLOCK_M) {
-        const int64_t mb = m - m0 < BLOCK_M ? m - m0 : BLOCK_M;
-        const int64_t tiles = (mb + tm - 1) / tm;
-#pragma omp parallel num_threads(num_threads)
-        {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; t++) {
-                const int64_t left = mb - t * tm;
-                const float *src = x + (m0 + t * tm) * ldx;
-                const int r = left < tm ? (int)left : tm;
-                if (tm == TILE_M)
-                    pack_rows(src, ldx, r, k, rows + t * tm * k, TILE_M);
-                else if (tm == 8)
-                    pack_rows(src, ldx, r, k, rows + t * tm * k, 8);
-                else
-                    pack_rows(src, ldx, r, k, rows + t * tm * k, WIDE_M);
-            }
-            int64_t first_single = 0;
-#ifdef RILL_AVX512
-            if (wide) {
-                const int64_t whole = n / PANEL; /* whole panels, two at a time; the rest one at a time */
-#pragma omp for schedule(static)
-                for (int64_t g = 0; g < whole / 2; g++)
-                    for (int64_t t = 0; t < tiles; t++) {
-                        const int64_t left = mb - t * tm, p = 2 * g;
-                        WIDE[1][(left < tm ? left : tm) - 1](rows + t * tm * k, packed + p * k * PANEL, k * PANEL, k,
-                                                             bias ? bias + p * PANEL : NULL,
-                                                             y + (m0 + t * tm) * n + p * PANEL, n, PANEL, tm);
-                    }
-                first_single = whole / 2 * 2;
-            }
-#endif
-#pragma omp for schedule(static)
-            for (int64_t p = first_single; p < panels; p++) {
-                const int64_t left_cols = n - p * PANEL;
-                const int cols = left_cols < PANEL ? (int)left_cols : PANEL;
-                for (int64_t t = 0; t < tiles; t++) {
-                    const int64_t left = mb - t * tm;
-                    const int r = left < tm ? (int)left : tm;
-                    float *out = y + (m0 + t * tm) * n + p * PANEL;
-                    const float *pb = bias ? bias + p * PANEL : NULL;
-#ifdef RILL_AVX512
-                    if (wide) {
-                        WIDE[0][r - 1](rows + t * tm * k, packed + p * k * PANEL, 0, k, pb, out, n, cols, tm);
-                        continue;
-                    }
-#endif
-                    tile(rows + t * tm * k, packed + p * k * PANEL, k, pb, out, n, r, cols);
-                }
-            }
-        }
+    c.tm = c.wide ? (m <= 8 ? 8 : WIDE_M) : TILE_M;
+    if (c.wide) {
+        c.pair_chunks = ((n / PANEL) / 2 + PAIRS_PER_CHUNK - 1) / PAIRS_PER_CHUNK;
+        c.first_single = (n / PANEL) / 2 * 2;
     }
-    free(rows);
+    const int64_t block = m < BLOCK_M ? m : BLOCK_M;
+    const size_t bytes = ((size_t)((block + c.tm - 1) / c.tm) * c.tm * (size_t)k * sizeof(float) + 63) / 64 * 64;
+    c.rows = aligned_alloc(64, bytes);
+    if (c.rows == NULL)
+        return -1;
+    const int64_t chunks = c.pair_chunks + (c.panels - c.first_single);
+    for (c.m0 = 0; c.m0 < m; c.m0 += BLOCK_M) {
+        c.mb = m - c.m0 < BLOCK_M ? m - c.m0 : BLOCK_M;
+        c.tiles = (c.mb + c.tm - 1) / c.tm;
+        if (c.tiles == 1)
+            pack_chunk(&c, 0, 0);
+        else
+            rill_pool_for(pack_chunk, &c, c.tiles, num_threads);
+        rill_pool_for(product_chunk, &c, chunks, num_threads);
+    }
+    free(c.rows);
     return 0;
 }

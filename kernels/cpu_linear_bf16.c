@@ -22,12 +22,12 @@
  * gets the same bits. The float32 sum (and bias) is rounded once to bfloat16 at the end, as torch's
  * bfloat16 linear does.
  */
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_bf16.h"
+#include "cpu_pool.h"
 
 #define PANEL 16 /* output columns per weight panel */
 #define BLOCK_M 96 /* rows of x packed at a time */
@@ -35,6 +35,10 @@
  * tiles) GCC 12 spilled one to the stack and the tile ran at half speed: one thread, [1280, 768] at 64 rows
  * 2.85 ms against 1.47 at 5 rows and 1.57 at 4; [4096, 768] at 256 rows 45.4 / 19.0 / 21.0 ms. */
 #define TILE_M 5
+/* With AVX-512 BF16, a tile of at most 8 rows (a decode step's) asks for its panels' bytes this far ahead
+ * into L1: at 8 rows the layers of random-qwen2-100m read their weights at 27-36 GB/s without it and 34-44
+ * with it on a 2-core Zen 5 that streams 45-52 (2,048 to 8,192 bytes measured alike; 16,384 worse). */
+#define PF_DIST 4096
 #define WIDE_M 12 /* rows per activation panel with AVX-512 BF16 (8 for a call of at most 8 rows) */
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -124,6 +128,10 @@ static inline __attribute__((always_inline)) void pack_rows(const uint16_t *x, i
         __m512 d8 = c0, d9 = c0, d10 = c0, d11 = c0;                                                      \
         const uint32_t *restrict e = b + pstride;                                                         \
         _Pragma("GCC unroll 2") for (int64_t q = 0; q < k2; q++, a += tm, b += PANEL, e += PANEL) {      \
+            if (R <= 8) {                                                                                 \
+                __builtin_prefetch((const char *)b + PF_DIST, 0, 3);                                      \
+                if (NP > 1) __builtin_prefetch((const char *)e + PF_DIST, 0, 3);                          \
+            }                                                                                             \
             const __m512bh b0 = (__m512bh)_mm512_load_si512(b);                                          \
             const __m512bh b1 = NP > 1 ? (__m512bh)_mm512_load_si512(e) : b0;                             \
             DP_ROW(NP, R, 0) DP_ROW(NP, R, 1) DP_ROW(NP, R, 2) DP_ROW(NP, R, 3)                            \
@@ -273,6 +281,85 @@ static void tile(const float *restrict a, const uint32_t *restrict b, int64_t k2
 }
 #endif
 
+/* One call's state, shared by the chunks of its two jobs per block of rows (cpu_pool.h): packing the
+ * block's tiles of rows, then the products, in chunks of PAIRS_PER_CHUNK panel pairs (AVX-512 BF16) and
+ * then one panel a chunk. */
+#define PAIRS_PER_CHUNK 4
+typedef struct {
+    const uint16_t *x, *bias;
+    const uint32_t *packed;
+    void *y;
+    PACKED_T *rows;
+    float *widened; /* AVX2, from FLAT_MIN_ROWS rows: one widened panel per thread */
+    int64_t ldx, n, k, k2, panels, per_tile, panel_floats, m0, mb, tiles, pair_chunks, first_single;
+    int tm, out_f32, flat;
+} Call;
+
+static void pack_chunk(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const Call *c = arg;
+    const int64_t left = c->mb - t * c->tm;
+    const int r = left < c->tm ? (int)left : c->tm;
+    const uint16_t *src = c->x + (c->m0 + t * c->tm) * c->ldx;
+#ifdef RILL_BF16_DP
+    if (c->tm == 8)
+        pack_rows(src, c->ldx, r, c->k, c->rows + t * c->per_tile, 8);
+    else
+        pack_rows(src, c->ldx, r, c->k, c->rows + t * c->per_tile, WIDE_M);
+#else
+#ifdef RILL_BF16_AVX2
+    if (c->flat) {
+        pack_rows(src, c->ldx, r, c->k, c->rows + t * c->per_tile, FLAT_M);
+        return;
+    }
+#endif
+    pack_rows(src, c->ldx, r, c->k, c->rows + t * c->per_tile, TILE_M);
+#endif
+}
+
+static void product_chunk(void *arg, int64_t chunk, int thread) {
+    const Call *c = arg;
+    const int64_t n = c->n, k2 = c->k2, tm = c->tm, mb = c->mb, m0 = c->m0;
+#ifdef RILL_BF16_DP
+    if (chunk < c->pair_chunks) { /* whole panels, two at a time */
+        const int64_t last = (chunk + 1) * PAIRS_PER_CHUNK < (n / PANEL) / 2 ? (chunk + 1) * PAIRS_PER_CHUNK : (n / PANEL) / 2;
+        for (int64_t g = chunk * PAIRS_PER_CHUNK; g < last; g++)
+            for (int64_t t = 0; t < c->tiles; t++) {
+                const int64_t left = mb - t * tm, p = 2 * g;
+                DP[1][(left < tm ? left : tm) - 1](c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, k2 * PANEL, k2,
+                                                   c->bias ? c->bias + p * PANEL : NULL, c->y,
+                                                   (m0 + t * tm) * n + p * PANEL, n, PANEL, c->out_f32, tm);
+            }
+        return;
+    }
+#endif
+    const int64_t p = c->first_single + (chunk - c->pair_chunks); /* one panel */
+    const int64_t left_cols = n - p * PANEL;
+    const int cols = left_cols < PANEL ? (int)left_cols : PANEL;
+    for (int64_t t = 0; t < c->tiles; t++) {
+        const int64_t left = mb - t * tm;
+        const int r = left < tm ? (int)left : (int)tm;
+        const int64_t off = (m0 + t * tm) * n + p * PANEL;
+        const uint16_t *pb = c->bias ? c->bias + p * PANEL : NULL;
+#ifdef RILL_BF16_AVX2
+        if (c->flat) {
+            float *w = c->widened + (int64_t)thread * c->panel_floats;
+            if (t == 0)
+                widen_panel(c->packed + p * k2 * PANEL, k2, w);
+            FLAT[r - 1](c->rows + t * c->per_tile, w, 2 * k2, pb, c->y, off, n, cols, c->out_f32);
+            continue;
+        }
+#else
+        (void)thread;
+#endif
+#ifdef RILL_BF16_DP
+        DP[0][r - 1](c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, 0, k2, pb, c->y, off, n, cols, c->out_f32, tm);
+#else
+        tile(c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, k2, pb, c->y, off, n, r, cols, c->out_f32);
+#endif
+    }
+}
+
 /* y [m, n] (row stride n; bfloat16, or float32 when out_f32) = x [m, k] bfloat16 (row stride ldx) times
  * the packed weight, plus bias [n] bfloat16 (or NULL). Returns 0, or -1 when the scratch for the packed
  * rows cannot be had. */
@@ -280,97 +367,45 @@ int rill_linear_bf16(const uint16_t *x, int64_t ldx, const uint32_t *packed, con
                      int out_f32, int64_t m, int64_t n, int64_t k, int num_threads) {
     if (m <= 0 || n <= 0)
         return 0;
-    const int64_t k2 = (k + 1) / 2, panels = (n + PANEL - 1) / PANEL;
+    if (num_threads < 1)
+        num_threads = 1;
+    Call c = {.x = x, .bias = bias, .packed = packed, .y = y, .ldx = ldx, .n = n, .k = k, .k2 = (k + 1) / 2,
+              .panels = (n + PANEL - 1) / PANEL, .out_f32 = out_f32};
 #ifdef RILL_BF16_DP
-    const int tm = m <= 8 ? 8 : WIDE_M; /* up to 8 rows (decode) in panels of 8 */
+    c.tm = m <= 8 ? 8 : WIDE_M; /* up to 8 rows (decode) in panels of 8 */
+    c.pair_chunks = ((n / PANEL) / 2 + PAIRS_PER_CHUNK - 1) / PAIRS_PER_CHUNK;
+    c.first_single = (n / PANEL) / 2 * 2;
 #elif defined(RILL_BF16_AVX2)
-    const int flat = m >= FLAT_MIN_ROWS;
-    const int tm = flat ? FLAT_M : TILE_M;
+    c.flat = m >= FLAT_MIN_ROWS;
+    c.tm = c.flat ? FLAT_M : TILE_M;
 #else
-    const int tm = TILE_M;
+    c.tm = TILE_M;
 #endif
     const int64_t block = m < BLOCK_M ? m : BLOCK_M;
-    const int64_t per_tile = (int64_t)tm * k2 * PACKED_PER_PAIR; /* packed elements per tile of rows */
-    const size_t bytes = ((size_t)((block + tm - 1) / tm) * (size_t)per_tile * sizeof(PACKED_T) + 63) / 64 * 64;
-    PACKED_T *rows = aligned_alloc(64, bytes);
-    if (rows == NULL)
+    c.per_tile = (int64_t)c.tm * c.k2 * PACKED_PER_PAIR; /* packed elements per tile of rows */
+    const size_t bytes = ((size_t)((block + c.tm - 1) / c.tm) * (size_t)c.per_tile * sizeof(PACKED_T) + 63) / 64 * 64;
+    c.rows = aligned_alloc(64, bytes);
+    if (c.rows == NULL)
         return -1;
 #ifdef RILL_BF16_AVX2
-    const int64_t panel_floats = (k2 * 2 * PANEL + 15) / 16 * 16; /* a widened panel, 64-byte multiples */
-    float *widened = flat ? aligned_alloc(64, (size_t)num_threads * (size_t)panel_floats * sizeof(float)) : NULL;
-    if (flat && widened == NULL) {
-        free(rows);
+    c.panel_floats = (c.k2 * 2 * PANEL + 15) / 16 * 16; /* a widened panel, 64-byte multiples */
+    c.widened = c.flat ? aligned_alloc(64, (size_t)num_threads * (size_t)c.panel_floats * sizeof(float)) : NULL;
+    if (c.flat && c.widened == NULL) {
+        free(c.rows);
         return -1;
     }
 #endif
-    for (int64_t m0 = 0; m0 < m; m0 += BLOCK_M) {
-        const int64_t mb = m - m0 < BLOCK_M ? m - m0 : BLOCK_M;
-        const int64_t tiles = (mb + tm - 1) / tm;
-#pragma omp parallel num_threads(num_threads)
-        {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; t++) {
-                const int64_t left = mb - t * tm;
-                const int r = left < tm ? (int)left : tm;
-                const uint16_t *src = x + (m0 + t * tm) * ldx;
-#ifdef RILL_BF16_DP
-                if (tm == 8)
-                    pack_rows(src, ldx, r, k, rows + t * per_tile, 8);
-                else
-                    pack_rows(src, ldx, r, k, rows + t * per_tile, WIDE_M);
-#else
-#ifdef RILL_BF16_AVX2
-                if (flat) {
-                    pack_rows(src, ldx, r, k, rows + t * per_tile, FLAT_M);
-                    continue;
-                }
-#endif
-                pack_rows(src, ldx, r, k, rows + t * per_tile, TILE_M);
-#endif
-            }
-            int64_t first_single = 0;
-#ifdef RILL_BF16_DP
-            const int64_t whole = n / PANEL; /* whole panels two at a time; the rest one at a time */
-#pragma omp for schedule(static)
-            for (int64_t g = 0; g < whole / 2; g++)
-                for (int64_t t = 0; t < tiles; t++) {
-                    const int64_t left = mb - t * tm, p = 2 * g;
-                    DP[1][(left < tm ? left : tm) - 1](rows + t * per_tile, packed + p * k2 * PANEL, k2 * PANEL, k2,
-                                                       bias ? bias + p * PANEL : NULL, y,
-                                                       (m0 + t * tm) * n + p * PANEL, n, PANEL, out_f32, tm);
-                }
-            first_single = whole / 2 * 2;
-#endif
-#pragma omp for schedule(static)
-            for (int64_t p = first_single; p < panels; p++) {
-                const int64_t left_cols = n - p * PANEL;
-                const int cols = left_cols < PANEL ? (int)left_cols : PANEL;
-                for (int64_t t = 0; t < tiles; t++) {
-                    const int64_t left = mb - t * tm;
-                    const int r = left < tm ? (int)left : tm;
-                    const int64_t off = (m0 + t * tm) * n + p * PANEL;
-                    const uint16_t *pb = bias ? bias + p * PANEL : NULL;
-#ifdef RILL_BF16_AVX2
-                    if (flat) {
-                        float *w = widened + (int64_t)omp_get_thread_num() * panel_floats;
-                        if (t == 0)
-                            widen_panel(packed + p * k2 * PANEL, k2, w);
-                        FLAT[r - 1](rows + t * per_tile, w, 2 * k2, pb, y, off, n, cols, out_f32);
-                        continue;
-                    }
-#endif
-#ifdef RILL_BF16_DP
-                    DP[0][r - 1](rows + t * per_tile, packed + p * k2 * PANEL, 0, k2, pb, y, off, n, cols, out_f32, tm);
-#else
-                    tile(rows + t * per_tile, packed + p * k2 * PANEL, k2, pb, y, off, n, r, cols, out_f32);
-#endif
-                }
-            }
-        }
+    const int64_t chunks = c.pair_chunks + (c.panels - c.first_single);
+    for (c.m0 = 0; c.m0 < m; c.m0 += BLOCK_M) {
+        c.mb = m - c.m0 < BLOCK_M ? m - c.m0 : BLOCK_M;
+        c.tiles = (c.mb + c.tm - 1) / c.tm;
+        if (c.tiles == 1)
+            pack_chunk(&c, 0, 0);
+        else
+            rill_pool_for(pack_chunk, &c, c.tiles, num_threads);
+        rill_pool_for(product_chunk, &c, chunks, num_threads);
     }
-    free(rows);
-#ifdef RILL_BF16_AVX2
-    free(widened);
-#endif
+    free(c.rows);
+    free(c.widened);
     return 0;
 }
