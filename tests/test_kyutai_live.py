@@ -199,7 +199,12 @@ async def test_turn_detection_on_the_causal_stream(llm_dir, kyutai_dir, runtime,
     assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped")
     assert of_type(turn, COMPLETED)[0]["transcript"] == "".join(e["delta"] for e in of_type(turn, DELTA))
     heard = "".join(e["delta"] for e in of_type(turn + rest, DELTA))
-    assert "".join(words(heard)) == "".join(words(offline(runtime, audio)))  # turns may cut a word
+    # Every word up to the end of the client's audio, as the whole clip gives it (joined: turns may cut a
+    # word). After it the tails may differ: when the detector's turn end plus the model's delay reaches past
+    # the audio sent (semantic_vad's 2 s cap, at pace 4), the server feeds the missing part as silence
+    # (causal_live's FILL_AFTER_S) before the final commit's flush, and a random model writes on silence.
+    fed = KyutaiStream(runtime, RATE).feed(on_the_wire(audio)).text
+    assert "".join(words(heard)).startswith("".join(words(fed))) and words(fed)
 
 
 async def test_mode_b_audio_chunks_put_the_streamed_words_in_the_prompt(llm_dir, kyutai_dir, runtime):

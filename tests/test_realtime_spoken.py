@@ -228,9 +228,14 @@ async def test_speech_over_a_spoken_answer_cancels_it_frees_its_request_and_keep
             if not [e for e in got if e["type"] == "response.output_audio.delta" and e["response_id"] != first_id]:
                 got += await client.until("response.output_audio.delta")
             answer_id = next(e for e in reversed(got) if e["type"] == "response.output_audio.delta")["response_id"]
-            await client.send("response.cancel", response_id=answer_id)
-            answer = (await client.until("response.done"))[-1]["response"]
-            assert answer["id"] == answer_id and answer["status"] == "cancelled"
+            ended = [e["response"] for e in got if e["type"] == "response.done" and e["response"]["id"] == answer_id]
+            if ended:  # a fast engine wrote all 600 tokens before the retrieve came back (a 2-core Zen 5: 0.4 s)
+                (answer,) = ended
+                assert answer["status"] == "incomplete", answer["status_details"]
+            else:
+                await client.send("response.cancel", response_id=answer_id)
+                answer = (await client.until("response.done"))[-1]["response"]
+                assert answer["id"] == answer_id and answer["status"] == "cancelled"
             (question,) = of_type(events + got, "conversation.item.input_audio_transcription.completed")
             story = {"role": "user", "content": "Tell me a long story."}
             asked = {"role": "user", "content": question["transcript"]}

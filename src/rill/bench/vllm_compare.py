@@ -58,6 +58,9 @@ def tokenizer_warnings(rows: list[dict]) -> list[str]:
     return out
 
 
+SHORT = {"c8": "8 in flight", "inf": "rate inf"}
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| scenario, round | rill out tok/s | vLLM out tok/s | rill/vLLM | TPOT p50 rill / vLLM ms | TTFT p50 rill / vLLM ms |",
              "|---|---|---|---|---|---|"]
@@ -70,16 +73,20 @@ def table(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path, dtype: str = "float32", targets: dict | None = None) -> Path | None:
     def draw(axes):
-        labels = [f"{SCENARIOS[r['scenario']]}\nround {r['round']}" for r in rows]
+        labels = [f"{SHORT[r['scenario']]}\nround {r['round']}" for r in rows]
         xs = range(len(rows))
         axes[0].bar([x - 0.2 for x in xs], [r["rill_tok_s"] for r in rows], 0.4, label="rill")
         axes[0].bar([x + 0.2 for x in xs], [r["vllm_tok_s"] for r in rows], 0.4, label="vLLM")
-        axes[0].set_xticks(list(xs), labels)
+        for x, r in zip(xs, rows):  # the ratio over each pair
+            axes[0].annotate(f"{r['ratio']:.2f}x", (x, max(r["rill_tok_s"], r["vllm_tok_s"])), ha="center",
+                             va="bottom", fontsize=8)
+        axes[0].set_xticks(list(xs), labels, fontsize=8)
         axes[0].set_ylabel("output tokens/s (vllm bench serve)")
-        axes[0].legend()
+        axes[0].set_ylim(0, 1.15 * max(max(r["rill_tok_s"], r["vllm_tok_s"]) for r in rows))
+        axes[0].legend(loc="lower right")
 
     wanted = ", ".join(f"{s} {t}x" for s, t in (targets or {"both": TARGET}).items())
-    return save_plot(path, draw, title=f"rill vs vLLM CPU, random-qwen2-100m, {dtype} (target rill/vLLM: {wanted})")
+    return save_plot(path, draw, title=f"rill vs vLLM CPU, random-qwen2-100m, {dtype}\n(target rill/vLLM: {wanted})")
 
 
 def main(argv: list[str] | None = None) -> int:
