@@ -65,7 +65,7 @@ def peaks() -> dict:
                    check=True)
     lib = ctypes.CDLL(str(src.with_suffix(".so")))
     out = {}
-    for name, macs in (("fma_loop", 16 * 8), ("dp_loop", 16 * 32)):  # per iteration: 8 instructions x lanes x (1 or 2)
+    for name, macs in (("fma_loop", 16 * 8), ("dp_loop", 16 * 32)):  # per iteration: 16 instructions x lanes x (1 or 2)
         if not hasattr(lib, name):
             continue
         fn = getattr(lib, name)

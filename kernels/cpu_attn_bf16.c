@@ -263,8 +263,8 @@ static void attend_one_dp(const PagesBf16 *pg, const uint16_t *q, int64_t h0, in
     memset(acc, 0, sizeof(float) * (size_t)(nh * dim));
     for (int64_t j = 0; j < nh;) { /* heads [j, j + g) share a KV head, at most DP_GROUP at a time */
         const int64_t kv = (h0 + j) / pg->group, end_of_kv = (kv + 1) * pg->group - h0;
-        const int g = (int)((end_of_kv < nh ? end_of_kv : nh) - j < DP_GROUP ? (end_of_kv < nh ? end_of_kv : nh) - j
-                                                                              : DP_GROUP);
+        const int64_t stop = end_of_kv < nh ? end_of_kv : nh; /* the task's last head of this KV head, + 1 */
+        const int g = (int)(stop - j < DP_GROUP ? stop - j : DP_GROUP);
         for (int64_t i = 0; i < DP_AHEAD && i < width; i += DP_BLOCK)
             prefetch_kv_rows(pg->v_cache + kv * dim, offs, i, width, dim * (int64_t)sizeof(uint16_t));
         dp_values(pg->v_cache, offs, width, kv * dim, scores + j * width, width, g, dim, acc + j * dim,
