@@ -166,10 +166,12 @@ static void attend_one(const PagesBf16 *pg, const uint16_t *q, int64_t h0, int64
 #define DP_GROUP 4 /* query heads sharing a KV head, taken together in the values' pass */
 #define DP_AHEAD (2 * DP_BLOCK) /* as the plan above: rows two blocks ahead asked for into L2 */
 
-/* `bytes` of the rows [from, from + DP_BLOCK) of offs (below width), from `cache`, into L2. (Whole rows, every
+/* `bytes` of the rows [from, from + DP_BLOCK) of offs (below width), from `cache`, into L2 (0: none). (Whole rows, every
  * KV head, in a task's first pass, for the other heads' passes to find in L2: 12% slower on the Zen 5 above.) */
 static inline void prefetch_kv_rows(const uint16_t *cache, const int64_t *offs, int64_t from, int64_t width,
                                     int64_t bytes) {
+    if (bytes == 0)
+        return;
     const int64_t to = from + DP_BLOCK < width ? from + DP_BLOCK : width;
     for (int64_t i = from; i < to; i++)
         for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)(cache + offs[i]) + b, 0, 1);
@@ -253,11 +255,12 @@ static void attend_one_dp(const PagesBf16 *pg, const uint16_t *q, int64_t h0, in
     row_offsets(pg, first, last, offs);
     for (int64_t j = 0; j < nh; j++) {
         const int64_t kv_off = ((h0 + j) / pg->group) * dim;
-        const int64_t head_bytes = dim * (int64_t)sizeof(uint16_t);
-        if (j == 0 || (h0 + j) % pg->group == 0) /* the first head of a KV head: its first keys, asked for */
-            for (int64_t i = 0; i < DP_AHEAD && i < width; i += DP_BLOCK)
-                prefetch_kv_rows(pg->k_cache + kv_off, offs, i, width, head_bytes);
-        dp_scores(pg->k_cache, offs, width, kv_off, q + (h0 + j) * dim, dim, scores + j * width, head_bytes);
+        /* the first head of a KV head asks for its keys (its first blocks here, the rest as it goes); the
+         * others find them in L2 */
+        const int64_t ask = j == 0 || (h0 + j) % pg->group == 0 ? dim * (int64_t)sizeof(uint16_t) : 0;
+        for (int64_t i = 0; ask && i < DP_AHEAD && i < width; i += DP_BLOCK)
+            prefetch_kv_rows(pg->k_cache + kv_off, offs, i, width, ask);
+        dp_scores(pg->k_cache, offs, width, kv_off, q + (h0 + j) * dim, dim, scores + j * width, ask);
         softmax(scores + j * width, width, pg->scale, pg->softcap);
     }
     memset(acc, 0, sizeof(float) * (size_t)(nh * dim));
@@ -265,10 +268,10 @@ static void attend_one_dp(const PagesBf16 *pg, const uint16_t *q, int64_t h0, in
         const int64_t kv = (h0 + j) / pg->group, end_of_kv = (kv + 1) * pg->group - h0;
         const int64_t stop = end_of_kv < nh ? end_of_kv : nh; /* the task's last head of this KV head, + 1 */
         const int g = (int)(stop - j < DP_GROUP ? stop - j : DP_GROUP);
-        for (int64_t i = 0; i < DP_AHEAD && i < width; i += DP_BLOCK)
-            prefetch_kv_rows(pg->v_cache + kv * dim, offs, i, width, dim * (int64_t)sizeof(uint16_t));
-        dp_values(pg->v_cache, offs, width, kv * dim, scores + j * width, width, g, dim, acc + j * dim,
-                  dim * (int64_t)sizeof(uint16_t));
+        const int64_t ask = j == 0 || (h0 + j) % pg->group == 0 ? dim * (int64_t)sizeof(uint16_t) : 0; /* as above */
+        for (int64_t i = 0; ask && i < DP_AHEAD && i < width; i += DP_BLOCK)
+            prefetch_kv_rows(pg->v_cache + kv * dim, offs, i, width, ask);
+        dp_values(pg->v_cache, offs, width, kv * dim, scores + j * width, width, g, dim, acc + j * dim, ask);
         j += g;
     }
     int64_t i = 0;

@@ -85,7 +85,6 @@ void rill_rms_norm_f32(float *x, const float *delta, const float *w, float eps, 
     rill_pool_rows(rmsf32_rows, &a, rows, rows * dim >= PARALLEL_MIN ? num_threads : 1);
 }
 
-
 /* The rotary embedding of one head in place, rotate-half layout: x[d] = x[d] * c[d] + rot[d] * s[d]
  * with rot = (-x[half:], x[:half]). Products rounded, then summed: no contraction into an FMA, so the
  * bits are torch's. */
@@ -155,7 +154,6 @@ void rill_rotary_kv_f32(float *qkv, int64_t qkv_stride, int64_t rows, int64_t nu
     RotaryF32 a = {qkv, qkv_stride, num_heads, num_kv_heads, dim, kv, cos, sin, k_cache, v_cache, slots};
     rill_pool_rows(rotaryf32_rows, &a, rows, rows * qkv_stride >= PARALLEL_MIN ? num_threads : 1);
 }
-
 
 /* out[r][i] = silu(g) * u = g / (1 + e^-g) * u, with g = gate_up[r][i] and u = gate_up[r][inter + i]:
  * the gated MLP's activation, gate_up [rows, 2 * inter] -> out [rows, inter], contiguous. */

@@ -85,7 +85,6 @@ void rill_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *w, f
     rill_pool_rows(rmsbf16_rows, &a, rows, rows * dim >= PARALLEL_MIN ? num_threads : 1);
 }
 
-
 /* One head in place, rotate-half: x[d] = bf16(bf16(x[d] c[d]) + bf16(rot[d] s[d])), rot = (-x[half:], x[:half]).
  * The products of two bfloat16 are exact in float32, so only the roundings written here happen. */
 static void rotate(uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t dim) {
@@ -147,7 +146,6 @@ void rill_rotary_kv_bf16(uint16_t *qkv, int64_t qkv_stride, int64_t rows, int64_
     RotaryBf16 a = {qkv, qkv_stride, num_heads, num_kv_heads, dim, kv, cos, sin, k_cache, v_cache, slots};
     rill_pool_rows(rotarybf16_rows, &a, rows, rows * qkv_stride >= PARALLEL_MIN ? num_threads : 1);
 }
-
 
 /* out[r][i] = bf16(bf16(silu(g)) * u): gate_up [rows, 2 inter] -> out [rows, inter], bfloat16. */
 typedef struct {
