@@ -166,7 +166,8 @@ static void attend_one(const PagesBf16 *pg, const uint16_t *q, int64_t h0, int64
 #define DP_GROUP 4 /* query heads sharing a KV head, taken together in the values' pass */
 #define DP_AHEAD (2 * DP_BLOCK) /* as the plan above: rows two blocks ahead asked for into L2 */
 
-/* `bytes` of the rows [from, from + DP_BLOCK) of offs (below width), from `cache`, into L2 (0: none). (Whole rows, every
+/* `bytes` of the rows [from, from + DP_BLOCK) of offs (below width), from `cache`, into L2 (0: none). (Whole
+ * rows, every
  * KV head, in a task's first pass, for the other heads' passes to find in L2: 12% slower on the Zen 5 above.) */
 static inline void prefetch_kv_rows(const uint16_t *cache, const int64_t *offs, int64_t from, int64_t width,
                                     int64_t bytes) {
@@ -312,7 +313,8 @@ static void decode_task_bf16(void *arg, int64_t t, int thread) {
     int64_t *offs = j->offs + thread * j->max_len;
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (dim % 32 == 0) {
-        attend_one_dp(&pg, j->q + s * j->q_seq_stride, h0, per_task, first, len, offs, scores, qf + per_task * dim, out);
+        attend_one_dp(&pg, j->q + s * j->q_seq_stride, h0, per_task, first, len, offs, scores, qf + per_task * dim,
+                      out);
         return;
     }
 #endif

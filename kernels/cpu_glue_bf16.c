@@ -73,7 +73,8 @@ static void rmsbf16_rows(void *arg, int64_t first, int64_t last) {
 #ifdef RILL_AVX2
         const __m256 sv = _mm256_set1_ps(scale);
         for (; i + 8 <= dim; i += 8)
-            bf16x8_store(o + i, _mm256_mul_ps(bf16x8_widen(w + i), bf16x8_round(_mm256_mul_ps(bf16x8_widen(xr + i), sv))));
+            bf16x8_store(o + i,
+                         _mm256_mul_ps(bf16x8_widen(w + i), bf16x8_round(_mm256_mul_ps(bf16x8_widen(xr + i), sv))));
 #endif
         for (; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * scale));
     }

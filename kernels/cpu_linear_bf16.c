@@ -322,11 +322,13 @@ static void product_chunk(void *arg, int64_t chunk, int thread) {
     const int64_t n = c->n, k2 = c->k2, tm = c->tm, mb = c->mb, m0 = c->m0;
 #ifdef RILL_BF16_DP
     if (chunk < c->pair_chunks) { /* whole panels, two at a time */
-        const int64_t last = (chunk + 1) * PAIRS_PER_CHUNK < (n / PANEL) / 2 ? (chunk + 1) * PAIRS_PER_CHUNK : (n / PANEL) / 2;
+        const int64_t pairs = (n / PANEL) / 2;
+        const int64_t last = (chunk + 1) * PAIRS_PER_CHUNK < pairs ? (chunk + 1) * PAIRS_PER_CHUNK : pairs;
         for (int64_t g = chunk * PAIRS_PER_CHUNK; g < last; g++)
             for (int64_t t = 0; t < c->tiles; t++) {
                 const int64_t left = mb - t * tm, p = 2 * g;
-                DP[1][(left < tm ? left : tm) - 1](c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, k2 * PANEL, k2,
+                DP[1][(left < tm ? left : tm) - 1](c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, k2 * PANEL,
+                                                   k2,
                                                    c->bias ? c->bias + p * PANEL : NULL, c->y,
                                                    (m0 + t * tm) * n + p * PANEL, n, PANEL, c->out_f32, tm);
             }
@@ -353,7 +355,8 @@ static void product_chunk(void *arg, int64_t chunk, int thread) {
         (void)thread;
 #endif
 #ifdef RILL_BF16_DP
-        DP[0][r - 1](c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, 0, k2, pb, c->y, off, n, cols, c->out_f32, tm);
+        DP[0][r - 1](c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, 0, k2, pb, c->y, off, n, cols, c->out_f32,
+                     tm);
 #else
         tile(c->rows + t * c->per_tile, c->packed + p * k2 * PANEL, k2, pb, c->y, off, n, r, cols, c->out_f32);
 #endif
